@@ -1,0 +1,186 @@
+"""Plain values the backends return.
+
+Every reading that a card may not support is typed ``X | Unsupported``: NVML's NotSupported becomes the
+``UNSUPPORTED`` marker, never an exception and never a fake zero, so collectors can omit the series and probes can
+report "unsupported" instead of a fault.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Unsupported(enum.Enum):
+    """The single marker for a value the device does not support."""
+
+    UNSUPPORTED = "unsupported"
+
+    def __repr__(self) -> str:
+        return "UNSUPPORTED"
+
+
+UNSUPPORTED = Unsupported.UNSUPPORTED
+
+
+class ComputeMode(enum.IntEnum):
+    DEFAULT = 0
+    EXCLUSIVE_THREAD = 1  # deprecated by NVIDIA, still reported by old drivers
+    PROHIBITED = 2
+    EXCLUSIVE_PROCESS = 3
+
+
+class EventKind(enum.StrEnum):
+    XID = "xid"
+    ECC_SINGLE_BIT = "ecc_sbe"
+    ECC_DOUBLE_BIT = "ecc_dbe"
+
+
+class LinkState(enum.StrEnum):
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInfo:
+    driver_version: str
+    nvml_version: str
+    cuda_driver_version: int | Unsupported
+    backend: str  # "nvml" or "simulated:<scenario>"
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU-instance profile as the card reports it (``nvmlDeviceGetGpuInstanceProfileInfo``)."""
+
+    profile_id: int
+    name: str  # e.g. "1g.18gb"
+    slice_count: int  # compute slices
+    memory_mib: int
+    sm_count: int
+    instance_count: int  # the most instances of this profile the card can hold
+    placements: tuple[tuple[int, int], ...]  # legal (start, size) in memory slices
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One GPU instance with its (single) compute instance, as a MIG device."""
+
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile_id: int
+    profile_name: str
+    placement_start: int
+    placement_size: int
+    uuid: str  # "MIG-..."
+    sm_count: int
+    memory_total_bytes: int
+    memory_used_bytes: int | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Identity and static properties, read once at start (cheap to keep, costly to re-read)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str | Unsupported
+    minor_number: int | Unsupported
+    memory_total_bytes: int
+    sm_clock_max_mhz: int | Unsupported
+    memory_clock_max_mhz: int | Unsupported
+    pcie_generation_max: int | Unsupported
+    pcie_width_max: int | Unsupported
+    power_limit_default_mw: int | Unsupported
+    nvlink_count: int  # links the card has (0 when NVLink is unsupported)
+    mig_capable: bool
+    compute_capability: tuple[int, int] | Unsupported
+    vbios_version: str | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    link: int
+    state: LinkState
+    crc_errors: int | Unsupported  # flit + data CRC errors
+    replay_errors: int | Unsupported
+    recovery_errors: int | Unsupported
+    tx_bytes: int | Unsupported
+    rx_bytes: int | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    enabled_current: bool | Unsupported
+    enabled_pending: bool | Unsupported
+    corrected_volatile: int | Unsupported
+    uncorrected_volatile: int | Unsupported
+    corrected_aggregate: int | Unsupported
+    uncorrected_aggregate: int | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One cycle's readings of one card. Counters are raw device counters (monotonic until reset)."""
+
+    gpu_utilization_ratio: float | Unsupported
+    memory_utilization_ratio: float | Unsupported
+    memory_used_bytes: int
+    memory_free_bytes: int
+    memory_reserved_bytes: int | Unsupported
+    temperature_gpu_celsius: float | Unsupported
+    temperature_memory_celsius: float | Unsupported
+    power_draw_watts: float | Unsupported
+    power_limit_watts: float | Unsupported
+    energy_joules: float | Unsupported  # counter since driver load
+    sm_clock_mhz: int | Unsupported
+    memory_clock_mhz: int | Unsupported
+    clock_event_reasons: int | Unsupported  # NVML clocks-event-reason bitmask
+    performance_state: int | Unsupported  # 0 (P0) .. 15
+    pcie_generation: int | Unsupported
+    pcie_width: int | Unsupported
+    pcie_tx_bytes: int | Unsupported  # counter
+    pcie_rx_bytes: int | Unsupported  # counter
+    pcie_replay_count: int | Unsupported  # counter
+    ecc: EccCounts
+    remapped_rows: RemappedRows | Unsupported
+    recovery_action: int | Unsupported  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 reset, 2 reboot, 3 drain
+    nvlinks: tuple[NvLinkSample, ...] | Unsupported
+    compute_mode: ComputeMode | Unsupported
+    persistence_mode: bool | Unsupported
+    mig_mode_current: bool | Unsupported
+    mig_mode_pending: bool | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process with a context on the card (compute processes, as NVML lists them)."""
+
+    pid: int
+    used_memory_bytes: int | Unsupported
+    sm_utilization_ratio: float | Unsupported
+    gpu_instance_id: int | Unsupported  # MIG GPU instance, UNSUPPORTED when MIG is off
+    name: str = ""  # filled from /proc by attribution when empty
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvent:
+    """A critical event from the driver (NVML event set): an XID or an ECC error."""
+
+    kind: EventKind
+    gpu_index: int
+    uuid: str
+    xid: int  # the XID number; for ECC events NVML reports 48 (DBE) or 0 (SBE)
+    timestamp: float  # unix seconds when the backend saw it
+    data: int = 0

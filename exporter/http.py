@@ -1,0 +1,156 @@
+"""The HTTP endpoint: /metrics, /healthz and a landing page, on a small threaded server.
+
+A scrape only renders the latest Snapshot, so it answers at once even while a card's driver call is hung.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import structlog
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+log = structlog.get_logger("http")
+
+DEFAULT_METRICS_PORT = 9410
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    reason: str
+
+
+def parse_listen_address(value: str, default_port: int = DEFAULT_METRICS_PORT) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT``, ``[::1]:PORT`` or ``HOST`` -> (host, port). Raises ValueError with the reason."""
+    text = value.strip()
+    if not text:
+        raise ValueError("listen address is empty")
+    host, port_text = text, ""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"listen address {value!r}: unclosed '['")
+        host, rest = text[1:end], text[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"listen address {value!r}: expected ':PORT' after ']'")
+            port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif text.count(":") > 1:
+        raise ValueError(f"listen address {value!r}: put IPv6 addresses in brackets, e.g. [::1]:9410")
+    port = default_port
+    if port_text:
+        if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+            raise ValueError(f"listen address {value!r}: port must be a number 0-65535")
+        port = int(port_text)
+    return host or "0.0.0.0", port
+
+
+LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>xpu-healthd</title></head>
+<body><h1>xpu-healthd</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
+</body></html>
+"""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/metrics":
+                self._metrics(parse_qs(url.query))
+            elif url.path == "/healthz":
+                health = self.server.health()
+                status = HTTPStatus.OK if health.ok else HTTPStatus.SERVICE_UNAVAILABLE
+                self._send(status, "text/plain; charset=utf-8", (health.reason + "\n").encode())
+            elif url.path == "/":
+                page = self.server.landing()
+                self._send(HTTPStatus.OK, "text/html; charset=utf-8", page.encode())
+            else:
+                self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", b"not found\n")
+        except BrokenPipeError:
+            pass
+        except Exception:
+            log.exception("http handler failed", path=url.path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", b"internal error\n")
+
+    def _metrics(self, query: dict[str, list[str]]) -> None:
+        names = query.get("name[]")
+        registry = self.server.registry
+        source = registry.restricted_registry(names) if names else registry
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        body = encoder(source)
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            self._send(HTTPStatus.OK, content_type, gzip.compress(body, compresslevel=5), encoding="gzip")
+        else:
+            self._send(HTTPStatus.OK, content_type, body)
+
+    def _send(self, status: HTTPStatus, content_type: str, body: bytes, *, encoding: str | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http request", line=format % args)
+
+
+class MetricsHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        registry: CollectorRegistry,
+        health: Callable[[], Health],
+        landing: Callable[[], str] = lambda: LANDING,
+    ) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+        self.registry = registry
+        self.health = health
+        self.landing = landing
+        self._thread: threading.Thread | None = None
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("http client went away", client=str(client_address))
+            return
+        log.error("http request failed", client=str(client_address), error=repr(exc))
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        if self._thread is not None:
+            self._thread.join(5)

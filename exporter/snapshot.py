@@ -1,0 +1,58 @@
+"""The immutable result of one sampling cycle, shared read-only by collectors, probes and the API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+
+
+def _empty() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """What is known of one card. ``sample`` keeps the last good reading; ``fresh`` says whether it is current."""
+
+    index: int
+    info: DeviceInfo | None  # None until the card answered its inventory call once
+    sample: DeviceSample | None
+    processes: tuple[GpuProcess, ...]
+    mig_instances: tuple[MigInstance, ...]
+    sampled_at: float | None  # unix time of the last complete, successful cycle
+    fresh: bool  # the last cycle completed without error or timeout
+    error: str | None = None  # why it is not fresh, one line
+    error_code: str | None = None  # timeout, gpu_lost, reset_required, error, ...
+
+    @property
+    def uuid(self) -> str:
+        return self.info.uuid if self.info else ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallCounters:
+    """Running totals of backend calls by call name (backend method) since the daemon started."""
+
+    calls: Mapping[str, int] = field(default_factory=_empty)
+    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (call, code)
+    timeouts: Mapping[str, int] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    seq: int
+    taken_at: float  # unix time the cycle finished
+    interval_seconds: float
+    cycle_seconds: float  # wall time the cycle took
+    backend_name: str
+    backend_up: bool  # the driver library is initialised
+    backend_error: str | None
+    system: SystemInfo | None
+    gpus: tuple[GpuSnapshot, ...]
+    counters: CallCounters
+
+    def gpu(self, index: int) -> GpuSnapshot | None:
+        return next((g for g in self.gpus if g.index == index), None)

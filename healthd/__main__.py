@@ -1,0 +1,3 @@
+from healthd.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""xpu-healthd: wire the backend, sampler, HTTP endpoint and gRPC server together and run until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.backends.select import choose_backend
+from exporter.collectors import SnapshotExporter, default_collectors
+from exporter.http import Health, MetricsHTTPServer, parse_listen_address
+from exporter.sampler import Sampler, SamplerConfig
+from exporter.version import VERSION
+from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.logs import configure_logging
+from healthd.server import GrpcServer, Service
+from healthd.simulation import SimulationService
+
+log = structlog.get_logger("main")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xpu-healthd", description="GPU node daemon: metrics, health, partitions.")
+    p.add_argument("--config", type=Path, help=f"TOML config file (e.g. {DEFAULT_CONFIG_PATH})")
+    p.add_argument(
+        "--simulate",
+        nargs="?",
+        const="h200x8",
+        metavar="SCENARIO",
+        help="run on a simulated node: h200x8 (default), h200x1, or a scenario file",
+    )
+    p.add_argument("--metrics-listen", metavar="ADDR", help="HTTP address for /metrics (default :9410)")
+    p.add_argument(
+        "--grpc-listen", metavar="ADDR", action="append", help="gRPC address, unix:PATH or HOST:PORT (repeatable)"
+    )
+    p.add_argument("--state-dir", type=Path, metavar="DIR", help="state directory (default /var/lib/xpu-runtime-kit)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    p.add_argument("--version", action="version", version=f"xpu-healthd {VERSION}")
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config)
+    return with_overrides(
+        config,
+        simulate=args.simulate,
+        metrics_listen=args.metrics_listen,
+        grpc_listen=tuple(args.grpc_listen) if args.grpc_listen else None,
+        state_dir=args.state_dir,
+        log_level=args.log_level,
+    )
+
+
+def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
+    snap = sampler.latest()
+    if snap is None:
+        return Health(False, "no sample yet")
+    if not snap.backend_up:
+        return Health(False, f"GPU backend down: {snap.backend_error}")
+    age = time.time() - snap.taken_at
+    if age > stale_after:
+        return Health(False, f"samples are stale: last one {age:.1f}s ago (limit {stale_after:.1f}s)")
+    stuck = [g.index for g in snap.gpus if not g.fresh]
+    return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
+
+
+class Daemon:
+    """Owns the components; start() brings them up in order, stop() takes them down in reverse."""
+
+    def __init__(self, config: Config, *, allow_fallback: bool) -> None:
+        self.config = config
+        choice = choose_backend(config.simulate, allow_fallback=allow_fallback)
+        self.backend = choice.backend
+        self.backend_reason = choice.reason
+        s = config.sampler
+        self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
+        self.http = MetricsHTTPServer(
+            parse_listen_address(config.metrics_listen),
+            self.registry,
+            health=lambda: snapshot_health(self.sampler, stale_after),
+        )
+        self.grpc = GrpcServer(
+            config.grpc_addresses,
+            [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+        )
+
+    async def start(self) -> None:
+        log.info(
+            "starting", version=VERSION, backend=self.backend.name, why=self.backend_reason, config=self.config.source
+        )
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.sampler.start()
+        self.http.start()
+        log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
+        await self.grpc.start()
+        await asyncio.to_thread(self.sampler.wait_first, 30.0)
+
+    async def stop(self) -> None:
+        log.info("stopping")
+        await self.grpc.stop()
+        await asyncio.to_thread(self.http.stop)
+        await asyncio.to_thread(self.sampler.stop)
+        self.backend.close()
+        log.info("stopped")
+
+
+def _add_simulation(servicer: object, server: object) -> None:
+    from healthd.api.v1 import simulation_pb2_grpc
+
+    simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+
+async def run(config: Config, *, allow_fallback: bool) -> int:
+    daemon = Daemon(config, allow_fallback=allow_fallback)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await daemon.start()
+    log.info("ready")
+    await stop.wait()
+    await daemon.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = resolve_config(args)
+    except ConfigError as exc:
+        print(f"xpu-healthd: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"configuration OK ({config.source})")
+        return 0
+    configure_logging(config.log_level)
+    try:
+        return asyncio.run(run(config, allow_fallback=args.config is None))
+    except OSError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""The daemon's gRPC server: our services plus standard health and reflection, on a unix socket (and TCP)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = structlog.get_logger("grpc")
+
+SOCKET_MODE = 0o660
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """One servicer and how to add it: ``add(servicer, server)`` is the generated add_XServicer_to_server."""
+
+    full_name: str  # e.g. "xpu.runtime.v1.Simulation"
+    servicer: Any
+    add: Callable[[Any, grpc.aio.Server], None]
+
+
+class GrpcServer:
+    def __init__(self, addresses: Sequence[str], services: Sequence[Service]) -> None:
+        self._addresses = tuple(addresses)
+        self._services = tuple(services)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._sockets: list[Path] = []
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        for svc in self._services:
+            svc.add(svc.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [svc.full_name for svc in self._services]
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        for address in self._addresses:
+            if address.startswith("unix:"):
+                path = _prepare_socket_path(address[len("unix:") :])
+                server.add_insecure_port(address)
+                self._sockets.append(path)
+            else:
+                raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
+        await server.start()
+        for path in self._sockets:
+            os.chmod(path, SOCKET_MODE)
+        for name in ["", *names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        log.info("grpc listening", addresses=list(self._addresses), services=names)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        for path in self._sockets:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._server = None
+
+
+def _prepare_socket_path(raw: str) -> Path:
+    path = Path(raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket left by a killed daemon
+    return path
