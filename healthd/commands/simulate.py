@@ -1,0 +1,65 @@
+"""`xpuctl simulate ...`: fault injection into a daemon running on the simulated backend."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import grpc
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def cmd_simulate_inject(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import simulation_pb2 as pb
+    from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    reply = stub.InjectFault(
+        pb.InjectFaultRequest(kind=args.kind, gpu=args.gpu, params=_params(args.params)), timeout=args.timeout
+    )
+    print(reply.description)
+    return 0
+
+
+def cmd_simulate_clear(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import simulation_pb2 as pb
+    from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    request = pb.ClearFaultsRequest() if args.gpu is None else pb.ClearFaultsRequest(gpu=args.gpu)
+    print(stub.ClearFaults(request, timeout=args.timeout).description)
+    return 0
+
+
+def cmd_simulate_kinds(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import simulation_pb2 as pb
+    from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    for kind in stub.ListFaultKinds(pb.ListFaultKindsRequest(), timeout=args.timeout).kinds:
+        print(f"{kind.kind:16} {' '.join(p + '=' for p in kind.params)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sim = sub.add_parser("simulate", help="fault injection into a daemon running --simulate")
+    sim_sub = sim.add_subparsers(dest="action", required=True)
+    inject = sim_sub.add_parser("inject", help="inject a fault, e.g. `xpuctl simulate inject xid --gpu 3 code=79`")
+    inject.add_argument("kind", help="fault kind (see `xpuctl simulate kinds`)")
+    inject.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
+    inject.add_argument("params", nargs="*", metavar="KEY=VALUE", help="fault parameters")
+    inject.set_defaults(func=cmd_simulate_inject)
+    clear = sim_sub.add_parser("clear", help="clear persistent faults (hangs, lost cards, links down)")
+    clear.add_argument("--gpu", type=int, default=None, help="only this GPU (default: all)")
+    clear.set_defaults(func=cmd_simulate_clear)
+    kinds = sim_sub.add_parser("kinds", help="list the fault kinds and their parameters")
+    kinds.set_defaults(func=cmd_simulate_kinds)
