@@ -280,7 +280,9 @@ class SimulatedBackend:
                     pid=p.pid,
                     used_memory_bytes=p.memory_bytes,
                     sm_utilization_ratio=round(min(1.0, p.load * wobble), 4),
-                    gpu_instance_id=p.gpu_instance_id if card.mig_current and p.gpu_instance_id else UNSUPPORTED,
+                    gpu_instance_id=(
+                        p.gpu_instance_id if card.mig_current and p.gpu_instance_id is not None else UNSUPPORTED
+                    ),
                     name=p.name,
                 )
                 for p in sorted(card.procs.values(), key=lambda p: p.pid)
