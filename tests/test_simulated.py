@@ -140,7 +140,8 @@ def test_any_fault_request_either_applies_or_raises_value_error(kind: str, gpu: 
     try:
         description = sim.inject(kind, gpu, params)
     except ValueError as exc:
-        assert str(exc)
+        message = str(exc)
+        assert message, "a rejected fault says why"
     else:
         assert isinstance(description, str) and description
         sim.clear()
