@@ -22,11 +22,12 @@ class DaemonProcess:
         self,
         tmp: Path,
         *,
-        scenario: str = "h200x8",
+        scenario: str | None = "h200x8",
         interval: float = 0.3,
         deadline: float = 0.3,
         extra_config: str = "",
         env: dict[str, str] | None = None,
+        use_config: bool = True,
     ) -> None:
         self.tmp = tmp
         self.port = free_port()
@@ -40,10 +41,6 @@ class DaemonProcess:
             sys.executable,
             "-m",
             "healthd",
-            "--config",
-            str(self.config),
-            "--simulate",
-            scenario,
             "--metrics-listen",
             f"127.0.0.1:{self.port}",
             "--grpc-listen",
@@ -51,6 +48,10 @@ class DaemonProcess:
             "--state-dir",
             str(tmp / "state"),
         ]
+        if use_config:
+            self.args += ["--config", str(self.config)]
+        if scenario is not None:
+            self.args += ["--simulate", scenario]
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 

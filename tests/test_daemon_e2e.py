@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,3 +92,13 @@ def test_healthz_reports_backend_down(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="missing key"):
         d.start(ready_timeout=20)
     d.stop()
+
+
+@pytest.mark.skipif(bool(os.environ.get("XPU_TEST_REAL_NVML")), reason="a machine with a GPU does not fall back")
+def test_no_gpu_and_no_config_runs_the_simulated_node_and_says_so(tmp_path: Path) -> None:
+    with DaemonProcess(tmp_path, scenario=None, use_config=False) as d:
+        text = d.metrics()
+        assert value(text, "xpu_backend_info", backend="simulated:h200x8") == 1
+        assert value(text, "xpu_gpus") == 8
+    log = (tmp_path / "daemon.log").read_text()
+    assert "running the simulated h200x8 node" in log
