@@ -170,3 +170,25 @@ def write_sysfs(layout: Layout, root: Path) -> Path:
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+def simulated_sysfs(scenario_extra: Mapping[str, Any], gpu_bus_ids: list[str], dest: Path) -> Path | None:
+    """For a simulated node: write the scenario's ``[topology]`` tree under ``dest`` (replacing an old one).
+
+    None when the scenario has no ``[topology]``. The scenario's GPUs must be the layout's GPUs, in order.
+    """
+    import shutil
+
+    from exporter.topology.model import normalize_bdf
+
+    table = scenario_extra.get("topology")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise LayoutError("topology: expected a table")
+    layout = parse_layout(table)
+    wanted = [normalize_bdf(b) for b in gpu_bus_ids]
+    if list(layout.gpu_bdfs()) != wanted:
+        raise LayoutError(f"topology.devices: the GPUs {list(layout.gpu_bdfs())} must be the scenario's {wanted}")
+    shutil.rmtree(dest, ignore_errors=True)
+    return write_sysfs(layout, dest)
