@@ -9,6 +9,7 @@ overall deadline; requests and scrapes only ever read the cached result.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -151,8 +152,13 @@ class TopologyRefresher:
         for ident in identities:
             previous = self._gpu_calls.get(ident.index)
             if previous is not None and not previous.done():
-                warnings.append(f"GPU {ident.index}: an earlier NVLink read has still not returned; peers unknown")
-                continue
+                # give a stuck read the rest of this collection's call deadline to come back, then start no new one
+                remaining = self.config.call_deadline_seconds - (time.monotonic() - started)
+                with contextlib.suppress(Exception):
+                    previous.result(timeout=max(remaining, 0.0))
+                if not previous.done():
+                    warnings.append(f"GPU {ident.index}: an earlier NVLink read has still not returned; peers unknown")
+                    continue
             pool = self._gpu_pools.setdefault(
                 ident.index, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"topology-gpu{ident.index}")
             )
