@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -152,7 +153,8 @@ class TopologyService(pb_grpc.TopologyServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            alloc = preferred_allocation(topology, request.count, available, must)
+            # exact search can take ~0.1 s for 16 cards: keep it off the event loop
+            alloc = await asyncio.to_thread(preferred_allocation, topology, request.count, available, must)
         except AllocationError as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "exhausted" else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, str(exc))

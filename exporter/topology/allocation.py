@@ -129,19 +129,37 @@ def _exact(topology: Topology, count: int, pool: list[int], required: list[int])
 
 
 def _greedy(topology: Topology, count: int, pool: list[int], required: list[int]) -> tuple[int, ...]:
+    """From each seed, add the card that keeps (worst, sum, PCIe sum, NIC distance) smallest; best full set wins."""
     seeds = [required] if required else [[g] for g in pool]
     best: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     for seed in seeds:
         chosen = list(seed)
+        pairs = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+        worst = max((topology.link(a, b).cost for a, b in pairs), default=0)
+        total = sum(topology.link(a, b).cost for a, b in pairs)
+        pcie = sum(topology.pcie_link(a, b).cost for a, b in pairs)
         while len(chosen) < count:
-            options = [g for g in pool if g not in chosen]
-            chosen.append(min(options, key=lambda g: (*set_key(topology, [*chosen, g], pool), g)))
+            step = min(_grown(topology, chosen, g, worst, total, pcie) for g in pool if g not in chosen)
+            worst, total, pcie = step[0], step[1], step[2]
+            chosen.append(step[4])
         ordered = tuple(sorted(chosen))
         key = (*set_key(topology, ordered, pool), *ordered)
         if best is None or key < best[0]:
             best = (key, ordered)
     assert best is not None
     return best[1]
+
+
+def _grown(topology: Topology, chosen: list[int], g: int, worst: int, total: int, pcie: int) -> tuple[int, ...]:
+    """The greedy step's key for adding ``g``: (worst, sum, PCIe sum, NIC distance, index)."""
+    costs = [topology.link(g, c).cost for c in chosen]
+    return (
+        max([worst, *costs]),
+        total + sum(costs),
+        pcie + sum(topology.pcie_link(g, c).cost for c in chosen),
+        _nic_cost(topology, g),
+        g,
+    )
 
 
 def _describe(topology: Topology, chosen: tuple[int, ...], exact: bool) -> Allocation:
