@@ -126,7 +126,22 @@ def test_no_inventory_yet_is_reported_not_raised(node: tuple[SimulatedBackend, S
     backend, _, root = node
     refresher = TopologyRefresher(backend, lambda: None, RefresherConfig(sysfs_root=str(root)))
     assert refresher.refresh() is None
-    assert refresher.status().last_error == "GPU inventory not known yet (no complete sample of every card)"
+    assert refresher.status().last_error == "GPU inventory not known yet (no card has answered its inventory call)"
+
+
+def test_a_card_stuck_since_start_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    backend = SimulatedBackend.from_name("h200x8")
+    backend.inject("hang", 5, {"call": "device_info"})
+    sampler = Sampler(backend, SamplerConfig(interval_seconds=0.5, call_deadline_seconds=0.2))
+    sampler.run_once()
+    root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
+    assert root is not None
+    t = _refresher(backend, sampler, root).refresh()
+    assert t is not None
+    assert [g.index for g in t.gpus] == [0, 1, 2, 3, 4, 6, 7]
+    assert "GPU 5: inventory not known yet (driver calls not answered); left out" in t.warnings
+    backend.clear()
+    sampler.stop()
 
 
 def test_scenario_layout_must_match_its_gpus(tmp_path: Path) -> None:

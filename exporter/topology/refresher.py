@@ -28,6 +28,7 @@ from exporter.topology.model import Topology
 from exporter.topology.sysfs import Sysfs
 
 log = structlog.get_logger("topology")
+RETRY_SECONDS = 10.0  # until a topology with every card exists
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +88,13 @@ class TopologyRefresher:
         snap = self._snapshot()
         identities = _identities(snap)
         if snap is None or not snap.backend_up or identities is None:
-            self._record_error("GPU inventory not known yet (no complete sample of every card)")
+            self._record_error("GPU inventory not known yet (no card has answered its inventory call)")
             return self.latest()
         with self._lock:
             self._attempts += 1
             if self._collecting is None or self._collecting.done():
-                self._collecting = self._collector.submit(self._collect, identities)
+                missing = tuple(g.index for g in snap.gpus if g.info is None)
+                self._collecting = self._collector.submit(self._collect, identities, missing)
             future = self._collecting
         try:
             topology = future.result(timeout=self.config.deadline_seconds)
@@ -134,8 +136,10 @@ class TopologyRefresher:
             first_wait(30.0)
         while not self._stop.is_set():
             topology = self.refresh()
-            # retry soon until a first topology exists, then rarely
-            self._stop.wait(self.config.refresh_seconds if topology is not None else 10.0)
+            # retry soon until every card is in, then rarely
+            snap = self._snapshot()
+            complete = topology is not None and snap is not None and len(topology.gpus) == len(snap.gpus)
+            self._stop.wait(self.config.refresh_seconds if complete else RETRY_SECONDS)
 
     def _record_error(self, message: str) -> None:
         with self._lock:
@@ -145,9 +149,9 @@ class TopologyRefresher:
         if changed:
             log.warning("topology not collected", error=message)
 
-    def _collect(self, identities: tuple[GpuIdentity, ...]) -> Topology:
+    def _collect(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...] = ()) -> Topology:
         started = time.monotonic()
-        warnings: list[str] = []
+        warnings = [f"GPU {i}: inventory not known yet (driver calls not answered); left out" for i in missing]
         futures: dict[int, Future[tuple[str, ...] | None]] = {}
         for ident in identities:
             previous = self._gpu_calls.get(ident.index)
@@ -186,11 +190,10 @@ class TopologyRefresher:
 
 
 def _identities(snap: Snapshot | None) -> tuple[GpuIdentity, ...] | None:
-    if snap is None or not snap.gpus:
+    """The cards whose inventory is known; None when none is (a card stuck since start is left out for now)."""
+    if snap is None:
         return None
-    out = []
-    for g in snap.gpus:
-        if g.info is None:
-            return None
-        out.append(GpuIdentity(g.index, g.info.uuid, g.info.name, g.info.pci_bus_id))
-    return tuple(out)
+    out = tuple(
+        GpuIdentity(g.index, g.info.uuid, g.info.name, g.info.pci_bus_id) for g in snap.gpus if g.info is not None
+    )
+    return out or None
