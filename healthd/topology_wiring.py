@@ -3,6 +3,7 @@ file, metrics collector and gRPC service. Kept out of main.py so the daemon wiri
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,12 @@ def build_topology(config: Config, backend: Backend, sampler: Sampler) -> Topolo
         scenario = backend.scenario
         dest = config.state_dir / "simulated-sysfs"
         tree = simulated_sysfs(scenario.extra, [c.pci_bus_id for c in scenario.cards], dest)
-        if tree is not None:
-            sysfs_root = tree
-            log.info("simulated topology", sysfs_root=str(tree))
+        if tree is None:  # no [topology] in the scenario: an empty tree, never the host's /sys with fake GPUs
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            tree = dest
+        sysfs_root = tree
+        log.info("simulated topology", sysfs_root=str(tree))
     publisher = FeatureFilePublisher(
         Path(settings.nfd_feature_file) if settings.nfd_feature_file else None,
         dict(settings.network),

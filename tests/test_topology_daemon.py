@@ -59,3 +59,24 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
     assert 'xpu_topology_gpu_nvlinks{gpu="3",peer="4"} 18.0' in metrics
     assert "xpu.feature.node.kubernetes.io/network.block=b1" in feature_file.splitlines()
     assert (tmp_path / "state" / "simulated-sysfs" / "class" / "infiniband" / "mlx5_7").is_symlink()
+
+
+def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
+    from exporter.backends.simulated import SimulatedBackend
+    from exporter.sampler import Sampler
+    from healthd.topology_wiring import build_topology
+
+    config = Config(state_dir=tmp_path / "state", simulate="h200x1")
+    backend = SimulatedBackend.from_name("h200x1")
+    sampler = Sampler(backend)
+    sampler.run_once()
+    part = build_topology(config, backend, sampler)
+    assert part.refresher is not None
+    t = part.refresher.refresh()
+    assert t is not None
+    assert t.source == str(tmp_path / "state" / "simulated-sysfs")
+    assert t.nics == ()
+    assert t.gpus[0].location.numa_node is None
+    assert "GPU 0: PCI device" in t.warnings[0]
+    part.stop()
+    sampler.stop()
