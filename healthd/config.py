@@ -13,6 +13,8 @@ DEFAULT_CONFIG_PATH = Path("/etc/xpu-runtime-kit/healthd.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/xpu-runtime-kit")
 DEFAULT_RUNTIME_DIR = Path("/run/xpu-runtime-kit")
 DEFAULT_METRICS_LISTEN = ":9410"
+DEFAULT_NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/xpu-runtime-kit"
+DEFAULT_LABEL_NAMESPACE = "xpu.feature.node.kubernetes.io"
 
 
 def default_socket_path() -> Path:
@@ -36,6 +38,18 @@ class SamplerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologySettings:
+    enabled: bool = True
+    sysfs_root: Path = Path("/sys")
+    refresh_seconds: float = 3600.0
+    deadline_seconds: float = 10.0
+    # Written only when its directory exists (NFD installed); "" disables.
+    nfd_feature_file: str = DEFAULT_NFD_FEATURE_FILE
+    label_namespace: str = DEFAULT_LABEL_NAMESPACE
+    network: tuple[tuple[str, str], ...] = ()  # operator-supplied levels, e.g. (("block", "b07"), ("rack", "r12"))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -43,6 +57,7 @@ class Config:
     simulate: str | None = None  # scenario name or file; None: real GPUs
     log_level: str = "info"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    topology: TopologySettings = field(default_factory=TopologySettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -96,7 +111,7 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     for name, table in (("daemon", daemon), ("sampler", sampler)):
@@ -136,7 +151,54 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         simulate=simulate,
         log_level=log_level,
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
+        topology=parse_topology(data.get("topology", {})),
         source=source,
+    )
+
+
+def parse_topology(table: Any) -> TopologySettings:
+    """The [topology] section: where to read sysfs, how often, the NFD feature file and network levels."""
+    from exporter.topology.nfd import valid_label_value, valid_level_name, valid_namespace
+
+    if not isinstance(table, dict):
+        raise ConfigError("topology: expected a table ([topology])")
+    keys = {"enabled", "sysfs_root", "refresh_seconds", "deadline_seconds", "nfd_feature_file", "label_namespace"}
+    _check_keys(table, keys | {"network"}, "topology")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"topology.enabled: expected true or false, got {type(enabled).__name__}")
+    root = _string(table, "sysfs_root", "topology.", "/sys")
+    if not Path(root).is_absolute():
+        raise ConfigError(f"topology.sysfs_root: must be an absolute path, got {root!r}")
+    nfd = _string(table, "nfd_feature_file", "topology.", DEFAULT_NFD_FEATURE_FILE)
+    if nfd and (not Path(nfd).is_absolute() or Path(nfd).name.startswith(".")):
+        raise ConfigError(
+            f"topology.nfd_feature_file: must be an absolute path to a file not starting with '.', got {nfd!r}"
+        )
+    namespace = _string(table, "label_namespace", "topology.", DEFAULT_LABEL_NAMESPACE)
+    if not valid_namespace(namespace):
+        raise ConfigError(f"topology.label_namespace: not a DNS subdomain: {namespace!r}")
+    network = table.get("network", {})
+    if not isinstance(network, dict):
+        raise ConfigError('topology.network: expected a table of level = value, e.g. block = "b07"')
+    levels: list[tuple[str, str]] = []
+    for level, value in sorted(network.items()):
+        if not valid_level_name(level):
+            raise ConfigError(f"topology.network.{level}: level names are lower-case letters, digits and '-'")
+        if not isinstance(value, str) or not value or not valid_label_value(value):
+            raise ConfigError(
+                f"topology.network.{level}: expected a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric at "
+                f"both ends), got {value!r}"
+            )
+        levels.append((level, value))
+    return TopologySettings(
+        enabled=enabled,
+        sysfs_root=Path(root),
+        refresh_seconds=_number(table, "refresh_seconds", "topology", 3600.0, minimum=10, maximum=7 * 86400),
+        deadline_seconds=_number(table, "deadline_seconds", "topology", 10.0, minimum=0.1, maximum=600),
+        nfd_feature_file=nfd,
+        label_namespace=namespace,
+        network=tuple(levels),
     )
 
 

@@ -22,6 +22,7 @@ from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from healthd.logs import configure_logging
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
+from healthd.topology_wiring import build_topology
 
 log = structlog.get_logger("main")
 
@@ -82,8 +83,11 @@ class Daemon:
         self.backend_reason = choice.reason
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.topology = build_topology(config, self.backend, self.sampler)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        self.registry.register(
+            SnapshotExporter(self.sampler.latest, [*default_collectors(), *self.topology.collectors])
+        )
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
@@ -92,7 +96,10 @@ class Daemon:
         )
         self.grpc = GrpcServer(
             config.grpc_addresses,
-            [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+            [
+                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
+                *self.topology.services,
+            ],
         )
 
     async def start(self) -> None:
@@ -105,10 +112,12 @@ class Daemon:
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
+        self.topology.start()
 
     async def stop(self) -> None:
         log.info("stopping")
         await self.grpc.stop()
+        self.topology.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.sampler.stop)
         self.backend.close()

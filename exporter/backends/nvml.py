@@ -439,6 +439,28 @@ class NvmlBackend:
             links.append(link)
         return tuple(links)
 
+    def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
+        """Per active link: the remote GPU's PCI bus id, or "nvswitch" (nvmlDeviceGetNvLinkRemoteDeviceType SWITCH;
+        on NVSwitch systems the remote PCI info names the switch, not a GPU)."""
+        h = self._handle(index)
+        self.device_info(index)  # fills self._links
+        links = self._links.get(index, ())
+        if not links:
+            return UNSUPPORTED
+        peers: list[str] = []
+        for link in links:
+            state = _optional("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, h, link)
+            if state is UNSUPPORTED or int(state) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            kind = _optional("nvmlDeviceGetNvLinkRemoteDeviceType", pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            if kind is not UNSUPPORTED and int(kind) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                peers.append("nvswitch")
+                continue
+            pci = _optional("nvmlDeviceGetNvLinkRemotePciInfo", pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            if pci is not UNSUPPORTED:
+                peers.append(_text(pci.busId).upper())
+        return tuple(peers)
+
     # --- the hot path ------------------------------------------------------------------------------------------
 
     def sample(self, index: int) -> DeviceSample:

@@ -47,7 +47,7 @@ MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
 NVLINK_BYTES_PER_SECOND_BUSY = 150e9  # per card, all links, at full load
 PCIE_BYTES_PER_SECOND_BUSY = 8e9
-HANGABLE_CALLS = ("device_info", "sample", "processes", "mig_instances", "mig_profiles", "*")
+HANGABLE_CALLS = ("device_info", "sample", "processes", "mig_instances", "mig_profiles", "nvlink_peers", "*")
 
 
 @dataclass
@@ -314,6 +314,16 @@ class SimulatedBackend:
             memory_total_bytes=gi.profile.memory_mib * 2**20,
             memory_used_bytes=used,
         )
+
+    def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
+        """From the scenario's ``[topology] nvlink``: "nvswitch" puts every link that is up on an NVSwitch."""
+        card = self._enter(index, "nvlink_peers", "nvmlDeviceGetNvLinkRemoteDeviceType")
+        topology = self.scenario.extra.get("topology")
+        mode = topology.get("nvlink", "none") if isinstance(topology, dict) else "none"
+        with card.lock:
+            if not card.links or mode != "nvswitch":
+                return UNSUPPORTED
+            return tuple("nvswitch" for link in card.links if link.state is LinkState.UP)
 
     # ----- MIG writes --------------------------------------------------------------------------------------
 
