@@ -25,7 +25,9 @@ _HEX_ID = r"[0-9a-f]{64}"
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 
 # ``kubepods-burstable-pod<uid>.slice`` (systemd) or ``pod<uid>`` (cgroupfs). Static pods have a 32-hex UID.
-_POD_SEGMENT = re.compile(rf"^(?:kubepods(?:-(?:burstable|besteffort|guaranteed))?-)?pod({_UID})(?:\.slice)?$")
+_POD_SEGMENT = re.compile(
+    rf"^(?:kubelet-)?(?:kubepods(?:-(?:burstable|besteffort|guaranteed))?-)?pod({_UID})(?:\.slice)?$"
+)
 # ``<prefix>-<id>.scope`` (systemd) or ``<prefix>-<id>`` (cgroupfs CRI-O/Podman); conmon scopes are not the container.
 _RUNTIME_SEGMENT = re.compile(rf"^(cri-containerd|crio|docker|libpod)-({_HEX_ID})(?:\.scope)?$")
 _BARE_ID = re.compile(rf"^{_HEX_ID}$")
@@ -65,7 +67,7 @@ def classify_path(path: str) -> CgroupOwner:
     pod_uid = container_id = runtime = slurm_job = unit = ""
     in_kubepods = in_docker = in_slurm = False
     for seg in segments:
-        if seg.startswith("kubepods") or seg == "kubelet-kubepods.slice":
+        if "kubepods" in seg:
             in_kubepods = True
         if in_kubepods and not pod_uid and (m := _POD_SEGMENT.match(seg)):
             pod_uid = _dashed(m.group(1))
