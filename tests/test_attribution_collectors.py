@@ -3,6 +3,7 @@ pod-resources gRPC server, rendered through prometheus_client and parsed back.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from exporter.collectors import SnapshotExporter
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.sampler import Sampler, SamplerConfig
-from healthd.sim_attribution import SimulatedKubelet, SimulatedNode, container_id, pod_uid
+from exporter.snapshot import Snapshot
+from healthd.sim_attribution import SimulatedNode, container_id, pod_uid
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -57,13 +59,16 @@ class Node:
             ProcResolver(self.sim.proc_root), pod_index=PodLogIndex(self.sim.log_root), kubelet=self.kubelet
         )
         self.sampler.subscribe(self.sim.sync)
-        self.sampler.subscribe(lambda snap: None if self.attributor.update(snap) else None)
+        self.sampler.subscribe(self._attribute)
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
             ProcessCollector(self.attributor.latest, max_per_gpu=max_per_gpu),
             PodCollector(self.attributor.latest),
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
+
+    def _attribute(self, snapshot: Snapshot) -> None:
+        self.attributor.update(snapshot)
 
     def cycle(self) -> Series:
         self.sampler.run_once()  # sim.sync writes new pids, kubelet server sees them
@@ -204,10 +209,6 @@ def test_process_name_from_comm_when_backend_gives_none(node: Node) -> None:
     s0 = node.cycle()
     assert one(s0, "xpu_process_gpu_memory_used_bytes", pid="41001", process="python3")
     # what NVML does: no names. The resolver reads /proc/<pid>/comm
-    import dataclasses
-
-    from exporter.snapshot import Snapshot
-
     snap = node.sampler.latest()
     assert isinstance(snap, Snapshot)
     nameless = dataclasses.replace(

@@ -85,7 +85,6 @@ def test_raw_stub_sees_kubelets_service_name(sock: Path, kubelet_server: Any) ->
 
 
 def test_missing_socket_is_quiet_absent_state(tmp_path: Path) -> None:
-    logs: list[dict[str, Any]] = []
     with structlog.testing.capture_logs() as logs:
         client = KubeletPodResources(tmp_path / "nope.sock", refresh_interval=60)
         for _ in range(5):
@@ -141,7 +140,7 @@ class _Broken(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self) -> None:
         self.fail = False
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def List(self, request: Any, context: Any) -> Any:
         if self.fail:
             context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is shutting down")
         return pb.ListPodResourcesResponse(
