@@ -28,7 +28,7 @@ from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 MPS_SERVER_NAMES = frozenset({"nvidia-cuda-mps-server"})
-INDEX_REFRESH_MIN_SECONDS = 2.0
+INDEX_RETRY_SECONDS = 30.0  # a container id or pod UID the log index lacks triggers a rescan at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,8 @@ class Attributor:
         self.pod_index = pod_index
         self.kubelet = kubelet
         self._monotonic = monotonic
-        self._index_refreshed_at: float | None = None
+        self._index_refreshed = False
+        self._misses: dict[str, float] = {}  # container id / pod UID -> when it last triggered a rescan
         self._latest: Attribution | None = None
         self._lock = threading.Lock()
 
@@ -127,7 +128,9 @@ class Attributor:
         holders: dict[tuple[str, str], set[Workload]] = {}  # (uuid, gpu_instance_id) -> containers holding it
         for a in allocations:
             holders.setdefault((a.uuid, a.gpu_instance_id), set()).add(Workload(a.namespace, a.pod, a.container))
-        self._maybe_refresh_index(first=self._index_refreshed_at is None)
+        if not self._index_refreshed and self.pod_index is not None:
+            self.pod_index.refresh()
+            self._index_refreshed = True
         processes: list[AttributedProcess] = []
         live: list[int] = []
         for gpu in snapshot.gpus:
@@ -175,13 +178,13 @@ class Attributor:
         index = self.pod_index
         if index is not None and owner.container_id:
             ref = index.container(owner.container_id)
-            if ref is None and self._maybe_refresh_index():
+            if ref is None and self._rescan_for(owner.container_id):
                 ref = index.container(owner.container_id)
             if ref is not None:
                 return Workload(ref.namespace, ref.pod, ref.container)
         if index is not None:
             pod = index.pod(owner.pod_uid)
-            if pod is None and self._maybe_refresh_index():
+            if pod is None and self._rescan_for(owner.pod_uid):
                 pod = index.pod(owner.pod_uid)
             if pod is not None:
                 if len(pod.containers) == 1:
@@ -192,15 +195,19 @@ class Attributor:
             return next(iter(holders))
         return _NOBODY  # shared card and no way to tell its pods apart: unknown, not guessed
 
-    def _maybe_refresh_index(self, *, first: bool = False) -> bool:
+    def _rescan_for(self, key: str) -> bool:
+        """Rescan kubelet's log directory for an id it lacked: at once for a new container, then rarely, so an id
+        that will never be there (log directory not mounted) costs one listing per INDEX_RETRY_SECONDS."""
         if self.pod_index is None:
             return False
         now = self._monotonic()
-        recent = self._index_refreshed_at is not None and now - self._index_refreshed_at < INDEX_REFRESH_MIN_SECONDS
-        if recent and not first:
+        last = self._misses.get(key)
+        if last is not None and now - last < INDEX_RETRY_SECONDS:
             return False
+        if len(self._misses) > 4096:  # ids of long-gone processes: forget them
+            self._misses = {k: t for k, t in self._misses.items() if now - t < INDEX_RETRY_SECONDS}
+        self._misses[key] = now
         self.pod_index.refresh()
-        self._index_refreshed_at = now
         return True
 
     @staticmethod
