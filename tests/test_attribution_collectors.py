@@ -200,9 +200,9 @@ def test_slurm_docker_and_host_processes(node: Node) -> None:
         fields[21] = str(int(fields[21]) + 1)
         stat.write_text(" ".join(fields) + "\n")
     s = node.cycle()
-    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91000", job="4242", pod="") > 0
+    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91000", slurm_job="4242", pod="") > 0
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91001", container=cid[:12], pod="") > 0
-    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91002", container="", pod="", job="") > 0
+    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91002", container="", pod="", slurm_job="") > 0
 
 
 def test_process_name_from_comm_when_backend_gives_none(node: Node) -> None:

@@ -2,7 +2,8 @@
 
 Series exist only while the process runs (fresh families per scrape). ``max_per_gpu`` bounds cardinality: the
 processes using the most memory keep their own series, the rest are summed into one series per card with
-``pid=""`` and ``process="other"``, and ``xpu_process_folded`` says how many were folded.
+``pid=""`` and ``process="other"``, and ``xpu_process_folded`` says how many were folded. A Slurm job is labelled
+``slurm_job`` (not ``job``, which is the Prometheus target label every scrape already carries).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from exporter.attribution.attributor import AttributedProcess, Attribution
 from exporter.collectors.base import GPU_LABELS, NoDataError
 from exporter.snapshot import Snapshot
 
-PROCESS_LABELS = (*GPU_LABELS, "gpu_instance_id", "pid", "process", "namespace", "pod", "container", "job")
+PROCESS_LABELS = (*GPU_LABELS, "gpu_instance_id", "pid", "process", "namespace", "pod", "container", "slurm_job")
 OTHER = "other"
 
 
