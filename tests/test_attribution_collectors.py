@@ -115,6 +115,7 @@ def test_process_and_pod_series_match_the_simulated_pods(node: Node) -> None:
     assert dict(labels)["device_id"].startswith("MIG-")
     assert dict(labels)["gpu_instance_id"] == "1"
     assert one(s, "xpu_kubelet_pod_resources_up") == 1.0
+    assert one(s, "xpu_kubelet_allocatable_devices", resource="nvidia.com/gpu") == 8.0
 
 
 def test_injected_process_gets_its_pod_and_vanishes_when_it_exits(node: Node) -> None:

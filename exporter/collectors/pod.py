@@ -95,6 +95,17 @@ class PodCollector:
                     value=view.last_success,
                 )
             )
+        allocatable = GaugeMetricFamily(
+            "xpu_kubelet_allocatable_devices",
+            "Devices kubelet can allocate, by resource (pod-resources GetAllocatableResources).",
+            labels=["resource"],
+        )
+        counts: dict[str, int] = {}
+        for resource, _device_id in view.allocatable:
+            counts[resource] = counts.get(resource, 0) + 1
+        for resource, n in sorted(counts.items()):
+            allocatable.add_metric([resource], float(n))
+        families.append(allocatable)
         families.append(
             GaugeMetricFamily(
                 "xpu_kubelet_pod_resources_unmatched_devices",
