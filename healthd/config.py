@@ -50,6 +50,19 @@ class TopologySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AttributionSettings:
+    """[attribution]: process and pod metrics (PID -> cgroup -> container/pod, kubelet pod-resources)."""
+
+    process_metrics: bool = True
+    pod_metrics: bool = True
+    max_processes_per_gpu: int = 64
+    proc_root: Path = Path("/proc")
+    pod_logs_root: Path = Path("/var/log")  # kubelet's pods/ and containers/ log directories
+    kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    refresh_interval_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -58,6 +71,7 @@ class Config:
     log_level: str = "info"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     topology: TopologySettings = field(default_factory=TopologySettings)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -111,7 +125,7 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology", "attribution"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     for name, table in (("daemon", daemon), ("sampler", sampler)):
@@ -152,6 +166,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         log_level=log_level,
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
         topology=parse_topology(data.get("topology", {})),
+        attribution=parse_attribution(data.get("attribution", {})),
         source=source,
     )
 
@@ -199,6 +214,39 @@ def parse_topology(table: Any) -> TopologySettings:
         nfd_feature_file=nfd,
         label_namespace=namespace,
         network=tuple(levels),
+    )
+
+
+def parse_attribution(table: Any) -> AttributionSettings:
+    where = "attribution"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table ([{where}])")
+    d = AttributionSettings()
+    _check_keys(table, {f.name for f in fields(AttributionSettings)}, where)
+    flags = {}
+    for key in ("process_metrics", "pod_metrics"):
+        value = table.get(key, getattr(d, key))
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {type(value).__name__}")
+        flags[key] = value
+    cap = table.get("max_processes_per_gpu", d.max_processes_per_gpu)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 10000:
+        raise ConfigError(f"{where}.max_processes_per_gpu: expected an integer between 1 and 10000, got {cap!r}")
+    paths = {}
+    for key in ("proc_root", "pod_logs_root", "kubelet_socket"):
+        raw = _string(table, key, f"{where}.", str(getattr(d, key)))
+        if not raw.startswith("/"):
+            raise ConfigError(f"{where}.{key}: must be an absolute path, got {raw!r}")
+        paths[key] = Path(raw)
+    refresh = _number(table, "refresh_interval_seconds", where, d.refresh_interval_seconds, minimum=0.5, maximum=3600)
+    return AttributionSettings(
+        process_metrics=flags["process_metrics"],
+        pod_metrics=flags["pod_metrics"],
+        max_processes_per_gpu=cap,
+        proc_root=paths["proc_root"],
+        pod_logs_root=paths["pod_logs_root"],
+        kubelet_socket=paths["kubelet_socket"],
+        refresh_interval_seconds=refresh,
     )
 
 

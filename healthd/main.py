@@ -18,6 +18,7 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
+from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.logs import configure_logging
 from healthd.server import GrpcServer, Service
@@ -84,10 +85,10 @@ class Daemon:
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
         self.topology = build_topology(config, self.backend, self.sampler)
+        self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(
-            SnapshotExporter(self.sampler.latest, [*default_collectors(), *self.topology.collectors])
-        )
+        collectors = [*default_collectors(), *self.attribution.collectors(), *self.topology.collectors]
+        self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
@@ -107,6 +108,7 @@ class Daemon:
             "starting", version=VERSION, backend=self.backend.name, why=self.backend_reason, config=self.config.source
         )
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.attribution.start)
         self.sampler.start()
         self.http.start()
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
@@ -120,6 +122,7 @@ class Daemon:
         self.topology.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.sampler.stop)
+        await asyncio.to_thread(self.attribution.stop)
         self.backend.close()
         log.info("stopped")
 
