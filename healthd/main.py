@@ -19,6 +19,9 @@ from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.faults import service as health_service
+from healthd.faults.journal import Journal
+from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.logs import configure_logging
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
@@ -82,8 +85,12 @@ class Daemon:
         self.backend_reason = choice.reason
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
+        self.faults = self.fault_runtime.engine  # the probes' sink: report(ProbeReport), event(Finding)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        self.registry.register(
+            SnapshotExporter(self.sampler.latest, [*default_collectors(), self.fault_runtime.collector])
+        )
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
@@ -92,7 +99,10 @@ class Daemon:
         )
         self.grpc = GrpcServer(
             config.grpc_addresses,
-            [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+            [
+                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
+                Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
+            ],
         )
 
     async def start(self) -> None:
@@ -101,6 +111,7 @@ class Daemon:
         )
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         self.sampler.start()
+        await self.fault_runtime.start()
         self.http.start()
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
         await self.grpc.start()
@@ -111,6 +122,7 @@ class Daemon:
         await self.grpc.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.sampler.stop)
+        await self.fault_runtime.stop()
         self.backend.close()
         log.info("stopped")
 
