@@ -7,7 +7,7 @@ Rules (one fault per identity = (check, code, GPU uuid) while active):
   contain it. Only a report that *knows* the GPU's state counts towards resolving: a CheckResult with status
   unknown for that GPU (or none at all) leaves the fault as it is, because stale data is not recovery.
 - A fault that comes back within ``reopen_window_seconds`` of resolving is reopened (same id, count and flaps
-  + 1) instead of opening a new one: flapping links show as one fault, not hundreds.
+  + 1) instead of opening a new one: flapping links show as one fault, not hundreds. Not across a reboot.
 - Event findings open a fault; repeats of an active one add to its count and last_seen (written every time, but
   streamed as an "updated" record at most once per ``dedup_window_seconds``). An event fault whose action is
   below reset_gpu resolves after ``event_quiet_seconds`` without repeats. One that needs reset_gpu or
@@ -260,6 +260,8 @@ class FaultEngine:
         old = self._recently_resolved.get(identity)
         if old is None or old.resolved_at is None or now - old.resolved_at > self._s.reopen_window_seconds:
             return False
+        if old.boot_id != self.boot_id:
+            return False  # a reboot was an action taken: what comes back after it is a new fault
         if action > old.action:
             return False  # worse than before: a new fault, so the hook sees a new id
         del self._recently_resolved[identity]

@@ -1,0 +1,218 @@
+"""Fault engine rules: dedup, flap damping, resolution, stale data, escalation across reboots, hook queueing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faults_helpers import GPU0, GPU1, FakeClock, ecc_finding, ecc_report, make_engine, xid
+
+from healthd.faults.fault import FaultFilter, FaultRecord, FaultState, RecordKind
+from healthd.faults.model import Action, CheckResult, CheckStatus, ProbeReport, Severity
+
+
+def kinds(records: list[FaultRecord]) -> list[str]:
+    return [r.kind.value for r in records]
+
+
+def test_condition_opens_only_after_persisting_and_resolves_only_after_clearing(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock)
+    assert engine.report(ecc_report(ecc_finding())) == []  # first sighting: pending, nothing journaled
+    assert engine.active_faults() == []
+    opened = engine.report(ecc_report(ecc_finding()))
+    assert kinds(opened) == ["opened"]
+    fault = opened[0].fault
+    assert (fault.gpu, fault.check, fault.code, fault.state) == (
+        GPU0,
+        "ecc",
+        "ecc_uncorrectable_volatile",
+        FaultState.ACTIVE,
+    )
+    assert engine.report(ecc_report(ecc_finding())) == []  # still there: same fault, no new record
+    assert engine.report(ecc_report()) == []  # one clean evaluation is not enough
+    resolved = engine.report(ecc_report())
+    assert kinds(resolved) == ["resolved"]
+    assert resolved[0].fault.id == fault.id
+    assert engine.active_faults() == []
+
+
+def test_single_blip_never_opens(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock())
+    engine.report(ecc_report(ecc_finding()))
+    engine.report(ecc_report())
+    engine.report(ecc_report(ecc_finding()))
+    assert engine.active_faults() == []
+    assert engine.journal.last_seq == 0
+
+
+def test_unknown_status_is_not_recovery(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
+    engine.report(ecc_report(ecc_finding()))
+    for _ in range(5):  # the probe lost sight of GPU0: no finding, but status unknown
+        assert engine.report(ecc_report(status={0: CheckStatus.UNKNOWN})) == []
+    assert [f.gpu for f in engine.active_faults()] == [GPU0]
+    # a report of another check never resolves it either
+    engine.report(ProbeReport("nvlink", (CheckResult("nvlink", GPU0, CheckStatus.OK),), ()))
+    assert len(engine.active_faults()) == 1
+    assert kinds(engine.report(ecc_report())) == ["resolved"]
+
+
+def test_missing_result_for_gpu_is_not_recovery(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
+    engine.report(ecc_report(ecc_finding()))
+    only_gpu1 = ProbeReport("ecc", (CheckResult("ecc", GPU1, CheckStatus.OK),), ())
+    assert engine.report(only_gpu1) == []
+    assert len(engine.active_faults()) == 1
+
+
+def test_flapping_condition_reopens_the_same_fault(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock, open_after_evaluations=1, resolve_after_evaluations=1)
+    first = engine.report(ecc_report(ecc_finding()))[0].fault
+    for _ in range(3):
+        clock.advance(10)
+        assert kinds(engine.report(ecc_report())) == ["resolved"]
+        clock.advance(10)
+        again = engine.report(ecc_report(ecc_finding()))
+        assert kinds(again) == ["reopened"]
+        assert again[0].fault.id == first.id
+    assert engine.active_faults()[0].flaps == 3
+    assert engine.active_faults()[0].count == 4
+    # outside the window it is a new fault
+    engine.report(ecc_report())
+    clock.advance(301)
+    fresh = engine.report(ecc_report(ecc_finding()))
+    assert kinds(fresh) == ["opened"]
+    assert fresh[0].fault.id != first.id
+
+
+def test_worse_condition_is_an_update_record(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1)
+    engine.report(ecc_report(ecc_finding()))
+    worse = engine.report(ecc_report(ecc_finding(severity=Severity.FATAL, action=Action.REBOOT_NODE)))
+    assert kinds(worse) == ["updated"]
+    assert worse[0].fault.action == Action.REBOOT_NODE
+
+
+def test_event_burst_is_one_fault_with_a_count(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock)
+    records: list[FaultRecord] = []
+    for _ in range(100):
+        records += engine.event(xid(13))
+        clock.advance(1)
+    assert kinds(records) == ["opened", "updated"]  # one update record per 60 s dedup window
+    (fault,) = engine.active_faults()
+    assert fault.count == 100
+    assert fault.evidence["xid"] == "13"
+    # the count is durable, not only in memory
+    reopened = make_engine(tmp_path, clock)
+    assert reopened.active_faults()[0].count == 100
+    assert engine.xid_counts() == {("0", GPU0.uuid, "13"): 100}
+
+
+def test_events_on_different_gpus_or_codes_are_different_faults(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock())
+    engine.event(xid(13, GPU0))
+    engine.event(xid(13, GPU1))
+    engine.event(xid(31, GPU0))
+    assert len(engine.active_faults()) == 3
+
+
+def test_event_fault_resolves_after_quiet_period_unless_it_needs_action(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock)
+    engine.event(xid(13))
+    engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    clock.advance(599)
+    assert engine.tick() == []
+    clock.advance(2)
+    resolved = engine.tick()
+    assert [(r.kind, r.fault.code) for r in resolved] == [(RecordKind.RESOLVED, "xid_13")]
+    clock.advance(100_000)
+    assert engine.tick() == []
+    assert [f.code for f in engine.active_faults()] == ["xid_79"]
+
+
+def test_reboot_resolves_reboot_faults_but_not_replace_faults(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock, boot_id="boot-1")
+    engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.event(xid(48, GPU1, severity=Severity.FATAL, action=Action.REPLACE_NODE))
+    engine.journal.close()
+    same_boot = make_engine(tmp_path, clock, boot_id="boot-1")  # daemon restart, no reboot
+    assert len(same_boot.active_faults()) == 2
+    same_boot.journal.close()
+    after_reboot = make_engine(tmp_path, clock, boot_id="boot-2")
+    assert [f.code for f in after_reboot.active_faults()] == ["xid_48"]
+    resolved = after_reboot.journal.list_faults(FaultFilter(state=FaultState.RESOLVED))
+    assert [f.code for f in resolved] == ["xid_79"]
+    assert "rebooted" in resolved[0].resolve_reason
+
+
+def test_fatal_fault_returning_after_k_reboots_becomes_replace_node(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fatal = xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE)
+    opened: list[FaultRecord] = []
+    for boot in ("boot-1", "boot-2", "boot-3"):
+        engine = make_engine(tmp_path, clock, boot_id=boot, targets=("unix:/hook.sock",))
+        opened += engine.event(fatal)
+        engine.journal.close()
+        clock.advance(3600)
+    assert [(r.kind.value, r.fault.action) for r in opened] == [
+        ("opened", Action.REBOOT_NODE),
+        ("opened", Action.REBOOT_NODE),
+        ("escalated", Action.REPLACE_NODE),
+    ]
+    assert opened[2].fault.evidence["escalated_from_action"] == "reboot_node"
+    assert len({r.fault.id for r in opened}) == 3
+
+
+def test_escalation_of_a_condition_that_persists_across_reboots(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fatal = ecc_finding(severity=Severity.FATAL, action=Action.REBOOT_NODE)
+    records: list[FaultRecord] = []
+    for boot in ("boot-1", "boot-2", "boot-3"):
+        engine = make_engine(tmp_path, clock, boot_id=boot, open_after_evaluations=1, escalation_reboots=2)
+        records += engine.report(ecc_report(fatal))
+        engine.journal.close()
+    assert kinds(records) == ["opened", "resolved", "escalated"]
+    assert records[1].fault.resolve_reason.startswith("superseded")
+    assert records[2].fault.action == Action.REPLACE_NODE
+
+
+def test_escalation_off_with_zero(tmp_path: Path) -> None:
+    clock = FakeClock()
+    for boot in ("b1", "b2", "b3", "b4"):
+        engine = make_engine(tmp_path, clock, boot_id=boot, escalation_reboots=0)
+        records = engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        assert records[0].fault.action == Action.REBOOT_NODE
+        engine.journal.close()
+
+
+def test_hook_is_queued_once_per_fault_when_action_reaches_the_level(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), targets=("unix:/a.sock", "unix:/b.sock"), open_after_evaluations=1)
+    engine.event(xid(13))  # restart_app: below reboot_node
+    engine.report(ecc_report(ecc_finding()))  # reset_gpu: below
+    engine.report(ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL)))  # worse: now queued
+    engine.report(ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL)))
+    engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    assert engine.journal.outbox_depth() == {"unix:/a.sock": 2, "unix:/b.sock": 2}
+    head = engine.journal.outbox_head("unix:/a.sock")
+    assert head is not None
+    assert head.fault_id == next(f.id for f in engine.active_faults() if f.check == "ecc")
+
+
+def test_sequence_numbers_are_monotonic_across_restarts_and_retention(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock)
+    seqs = [r.seq for r in engine.event(xid(13))]
+    clock.advance(601)
+    seqs += [r.seq for r in engine.tick()]
+    engine.journal.prune(clock.now + 10 * 86400 * 100, 1, 1)  # delete everything resolved
+    engine.journal.close()
+    again = make_engine(tmp_path, clock)
+    seqs += [r.seq for r in again.event(xid(31))]
+    assert seqs == [1, 2, 3]
+    assert again.journal.first_retained_seq() == 3
