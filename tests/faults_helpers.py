@@ -71,3 +71,70 @@ def ecc_report(*findings: Finding, status: dict[int, CheckStatus] | None = None)
         for g in (GPU0, GPU1)
     )
     return ProbeReport("ecc", results, tuple(findings))
+
+
+class DaemonThread:
+    """The fault pipeline plus the daemon's real gRPC server, on an asyncio loop in a background thread.
+
+    Tests talk to it with real (sync) gRPC channels over the unix socket and feed the engine from the test thread,
+    as the probe runner would.
+    """
+
+    def __init__(self, state: Path, socket: Path, hook: object | None = None, **fault_overrides: object) -> None:
+        import asyncio
+        import threading
+
+        from healthd.config import HookSettings
+        from healthd.faults import service as health_service
+        from healthd.faults.runtime import FaultRuntime
+        from healthd.server import GrpcServer, Service
+
+        self.address = f"unix:{socket}"
+        settings = replace(SETTINGS, **fault_overrides)  # type: ignore[arg-type]
+        self.runtime = FaultRuntime(
+            Journal(state / "faults.sqlite"),
+            settings,
+            hook if isinstance(hook, HookSettings) else HookSettings(),
+            boot_id="boot-1",
+        )
+        self.engine = self.runtime.engine
+        self._server = GrpcServer(
+            [self.address],
+            [Service(health_service.SERVICE_NAME, self.runtime.service, health_service.add_to_server)],
+        )
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> DaemonThread:
+        import asyncio
+
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        return self
+
+    async def _start(self) -> None:
+        await self.runtime.start()
+        await self._server.start()
+
+    async def _stop(self) -> None:
+        await self._server.stop(0.5)
+        await self.runtime.stop()
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+def wait_until(predicate: object, what: str, limit: float = 60.0) -> None:
+    """Poll until predicate() is true; fail the test (never a time assertion) if it never happens."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.02)
