@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from faults_helpers import GPU0, GPU1, FakeClock, ecc_finding, ecc_report, make_engine, xid
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from healthd.faults.fault import FaultFilter, FaultRecord, FaultState, RecordKind
-from healthd.faults.model import Action, CheckResult, CheckStatus, ProbeReport, Severity
+from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, ProbeReport, Severity
 
 
 def kinds(records: list[FaultRecord]) -> list[str]:
@@ -216,3 +220,67 @@ def test_sequence_numbers_are_monotonic_across_restarts_and_retention(tmp_path: 
     seqs += [r.seq for r in again.event(xid(31))]
     assert seqs == [1, 2, 3]
     assert again.journal.first_retained_seq() == 3
+
+
+def test_node_wide_condition_resolves_on_a_report_that_knows_every_gpu(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
+    driver = Finding("driver", "driver_unresponsive", Severity.CRITICAL, Action.REBOOT_NODE, "driver hangs")
+    per_gpu = (CheckResult("driver", GPU0, CheckStatus.OK), CheckResult("driver", GPU1, CheckStatus.OK))
+    assert kinds(engine.report(ProbeReport("driver", per_gpu, (driver,)))) == ["opened"]
+    partly_unknown = (CheckResult("driver", GPU0, CheckStatus.OK), CheckResult("driver", GPU1, CheckStatus.UNKNOWN))
+    assert engine.report(ProbeReport("driver", partly_unknown, ())) == []
+    assert engine.report(ProbeReport("driver", (), ())) == []  # no results at all: nothing known
+    assert kinds(engine.report(ProbeReport("driver", per_gpu, ()))) == ["resolved"]
+
+
+FINDINGS = [
+    ecc_finding(GPU0),
+    ecc_finding(GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE),
+    xid(13, GPU0),
+    xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE),
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["report", "event", "tick", "restart", "reboot"]),
+            st.sets(st.integers(0, 3)),
+            st.sampled_from(list(CheckStatus)),
+            st.floats(0, 900),
+        ),
+        max_size=40,
+    )
+)
+def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathFactory, steps: list[Any]) -> None:
+    """Whatever happens: one active fault per identity, contiguous seqs, and memory always equals the journal."""
+    state = tmp_path_factory.mktemp("engine")
+    clock = FakeClock()
+    boot = 1
+    engine = make_engine(state, clock, targets=("unix:/h.sock",))
+    for op, picks, status, dt in steps:
+        clock.advance(dt)
+        if op == "report":
+            findings = [FINDINGS[i] for i in sorted(picks) if FINDINGS[i].kind == "condition"]
+            engine.report(ecc_report(*findings, status={0: status}))
+        elif op == "event":
+            for i in sorted(picks):
+                engine.event(FINDINGS[i])
+        elif op == "tick":
+            engine.tick()
+        else:
+            boot += op == "reboot"
+            active_before = {f.id for f in engine.active_faults()}
+            engine.journal.close()
+            engine = make_engine(state, clock, boot_id=f"boot-{boot}", targets=("unix:/h.sock",))
+            if op == "restart":
+                assert {f.id for f in engine.active_faults()} == active_before
+        active = engine.active_faults()
+        assert len({f.identity for f in active}) == len(active)
+        assert {f.id: f.count for f in active} == {f.id: f.count for f in engine.journal.active_faults()}
+    records = engine.journal.records_after(0, 10_000)
+    assert [r.seq for r in records] == list(range(1, len(records) + 1))
+    queued = engine.journal.outbox_depth().get("unix:/h.sock", 0)
+    assert queued == len({r.fault.id for r in records if r.fault.action >= Action.REBOOT_NODE and r.fault.hooked})
+    engine.journal.close()

@@ -339,7 +339,10 @@ class FaultEngine:
             self._reload()
             raise
         for record in records:
-            self._last_record_at[record.fault.id] = record.at
+            if record.fault.active:
+                self._last_record_at[record.fault.id] = record.at
+            else:
+                self._last_record_at.pop(record.fault.id, None)
             if record.fault.active:
                 self._active[record.fault.identity] = record.fault
             elif self._recently_resolved.get(record.fault.identity, record.fault).id == record.fault.id:
