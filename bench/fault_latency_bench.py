@@ -107,7 +107,7 @@ def main() -> int:
                           evidence={"xid": str(1000 + i)}, kind="event")  # fmt: skip
         t0 = time.time_ns()
         c0 = time.perf_counter()
-        (record,) = runtime.engine.event(finding)
+        (record,) = runtime.engine.accept_event(finding)
         commit.append(time.perf_counter() - c0)
         fault_id, t_sub = received.get(timeout=30)
         assert fault_id == record.fault.id, (fault_id, record.fault.id)
@@ -132,7 +132,7 @@ def main() -> int:
     print(
         f"fault latency, {args.count} XIDs injected one at a time at the engine's event() entry ({os.cpu_count()} CPUs)"
     )
-    print(summary("engine.event() (journal commit)", commit))
+    print(summary("engine.accept_event() (journal commit)", commit))
     print(summary("XID -> WatchFaults subscriber", to_subscriber))
     print(summary("XID -> hook command running", to_hook))
     print("(hook latency includes the reference hook spawning /bin/sh and date for every fault)")

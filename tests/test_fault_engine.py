@@ -21,9 +21,9 @@ def kinds(records: list[FaultRecord]) -> list[str]:
 def test_condition_opens_only_after_persisting_and_resolves_only_after_clearing(tmp_path: Path) -> None:
     clock = FakeClock()
     engine = make_engine(tmp_path, clock)
-    assert engine.report(ecc_report(ecc_finding())) == []  # first sighting: pending, nothing journaled
+    assert engine.accept_report(ecc_report(ecc_finding())) == []  # first sighting: pending, nothing journaled
     assert engine.active_faults() == []
-    opened = engine.report(ecc_report(ecc_finding()))
+    opened = engine.accept_report(ecc_report(ecc_finding()))
     assert kinds(opened) == ["opened"]
     fault = opened[0].fault
     assert (fault.gpu, fault.check, fault.code, fault.state) == (
@@ -32,9 +32,9 @@ def test_condition_opens_only_after_persisting_and_resolves_only_after_clearing(
         "ecc_uncorrectable_volatile",
         FaultState.ACTIVE,
     )
-    assert engine.report(ecc_report(ecc_finding())) == []  # still there: same fault, no new record
-    assert engine.report(ecc_report()) == []  # one clean evaluation is not enough
-    resolved = engine.report(ecc_report())
+    assert engine.accept_report(ecc_report(ecc_finding())) == []  # still there: same fault, no new record
+    assert engine.accept_report(ecc_report()) == []  # one clean evaluation is not enough
+    resolved = engine.accept_report(ecc_report())
     assert kinds(resolved) == ["resolved"]
     assert resolved[0].fault.id == fault.id
     assert engine.active_faults() == []
@@ -42,58 +42,58 @@ def test_condition_opens_only_after_persisting_and_resolves_only_after_clearing(
 
 def test_single_blip_never_opens(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock())
-    engine.report(ecc_report(ecc_finding()))
-    engine.report(ecc_report())
-    engine.report(ecc_report(ecc_finding()))
+    engine.accept_report(ecc_report(ecc_finding()))
+    engine.accept_report(ecc_report())
+    engine.accept_report(ecc_report(ecc_finding()))
     assert engine.active_faults() == []
     assert engine.journal.last_seq == 0
 
 
 def test_unknown_status_is_not_recovery(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
-    engine.report(ecc_report(ecc_finding()))
+    engine.accept_report(ecc_report(ecc_finding()))
     for _ in range(5):  # the probe lost sight of GPU0: no finding, but status unknown
-        assert engine.report(ecc_report(status={0: CheckStatus.UNKNOWN})) == []
+        assert engine.accept_report(ecc_report(status={0: CheckStatus.UNKNOWN})) == []
     assert [f.gpu for f in engine.active_faults()] == [GPU0]
     # a report of another check never resolves it either
-    engine.report(ProbeReport("nvlink", (CheckResult("nvlink", GPU0, CheckStatus.OK),), ()))
+    engine.accept_report(ProbeReport("nvlink", (CheckResult("nvlink", GPU0, CheckStatus.OK),), ()))
     assert len(engine.active_faults()) == 1
-    assert kinds(engine.report(ecc_report())) == ["resolved"]
+    assert kinds(engine.accept_report(ecc_report())) == ["resolved"]
 
 
 def test_missing_result_for_gpu_is_not_recovery(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
-    engine.report(ecc_report(ecc_finding()))
+    engine.accept_report(ecc_report(ecc_finding()))
     only_gpu1 = ProbeReport("ecc", (CheckResult("ecc", GPU1, CheckStatus.OK),), ())
-    assert engine.report(only_gpu1) == []
+    assert engine.accept_report(only_gpu1) == []
     assert len(engine.active_faults()) == 1
 
 
 def test_flapping_condition_reopens_the_same_fault(tmp_path: Path) -> None:
     clock = FakeClock()
     engine = make_engine(tmp_path, clock, open_after_evaluations=1, resolve_after_evaluations=1)
-    first = engine.report(ecc_report(ecc_finding()))[0].fault
+    first = engine.accept_report(ecc_report(ecc_finding()))[0].fault
     for _ in range(3):
         clock.advance(10)
-        assert kinds(engine.report(ecc_report())) == ["resolved"]
+        assert kinds(engine.accept_report(ecc_report())) == ["resolved"]
         clock.advance(10)
-        again = engine.report(ecc_report(ecc_finding()))
+        again = engine.accept_report(ecc_report(ecc_finding()))
         assert kinds(again) == ["reopened"]
         assert again[0].fault.id == first.id
     assert engine.active_faults()[0].flaps == 3
     assert engine.active_faults()[0].count == 4
     # outside the window it is a new fault
-    engine.report(ecc_report())
+    engine.accept_report(ecc_report())
     clock.advance(301)
-    fresh = engine.report(ecc_report(ecc_finding()))
+    fresh = engine.accept_report(ecc_report(ecc_finding()))
     assert kinds(fresh) == ["opened"]
     assert fresh[0].fault.id != first.id
 
 
 def test_worse_condition_is_an_update_record(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1)
-    engine.report(ecc_report(ecc_finding()))
-    worse = engine.report(ecc_report(ecc_finding(severity=Severity.FATAL, action=Action.REBOOT_NODE)))
+    engine.accept_report(ecc_report(ecc_finding()))
+    worse = engine.accept_report(ecc_report(ecc_finding(severity=Severity.FATAL, action=Action.REBOOT_NODE)))
     assert kinds(worse) == ["updated"]
     assert worse[0].fault.action == Action.REBOOT_NODE
 
@@ -103,7 +103,7 @@ def test_event_burst_is_one_fault_with_a_count(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, clock)
     records: list[FaultRecord] = []
     for _ in range(100):
-        records += engine.event(xid(13))
+        records += engine.accept_event(xid(13))
         clock.advance(1)
     assert kinds(records) == ["opened", "updated"]  # one update record per 60 s dedup window
     (fault,) = engine.active_faults()
@@ -117,17 +117,17 @@ def test_event_burst_is_one_fault_with_a_count(tmp_path: Path) -> None:
 
 def test_events_on_different_gpus_or_codes_are_different_faults(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock())
-    engine.event(xid(13, GPU0))
-    engine.event(xid(13, GPU1))
-    engine.event(xid(31, GPU0))
+    engine.accept_event(xid(13, GPU0))
+    engine.accept_event(xid(13, GPU1))
+    engine.accept_event(xid(31, GPU0))
     assert len(engine.active_faults()) == 3
 
 
 def test_event_fault_resolves_after_quiet_period_unless_it_needs_action(tmp_path: Path) -> None:
     clock = FakeClock()
     engine = make_engine(tmp_path, clock)
-    engine.event(xid(13))
-    engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.accept_event(xid(13))
+    engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
     clock.advance(599)
     assert engine.tick() == []
     clock.advance(2)
@@ -141,8 +141,8 @@ def test_event_fault_resolves_after_quiet_period_unless_it_needs_action(tmp_path
 def test_reboot_resolves_reboot_faults_but_not_replace_faults(tmp_path: Path) -> None:
     clock = FakeClock()
     engine = make_engine(tmp_path, clock, boot_id="boot-1")
-    engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
-    engine.event(xid(48, GPU1, severity=Severity.FATAL, action=Action.REPLACE_NODE))
+    engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.accept_event(xid(48, GPU1, severity=Severity.FATAL, action=Action.REPLACE_NODE))
     engine.journal.close()
     same_boot = make_engine(tmp_path, clock, boot_id="boot-1")  # daemon restart, no reboot
     assert len(same_boot.active_faults()) == 2
@@ -160,7 +160,7 @@ def test_fatal_fault_returning_after_k_reboots_becomes_replace_node(tmp_path: Pa
     opened: list[FaultRecord] = []
     for boot in ("boot-1", "boot-2", "boot-3"):
         engine = make_engine(tmp_path, clock, boot_id=boot, targets=("unix:/hook.sock",))
-        opened += engine.event(fatal)
+        opened += engine.accept_event(fatal)
         engine.journal.close()
         clock.advance(3600)
     assert [(r.kind.value, r.fault.action) for r in opened] == [
@@ -178,7 +178,7 @@ def test_escalation_of_a_condition_that_persists_across_reboots(tmp_path: Path) 
     records: list[FaultRecord] = []
     for boot in ("boot-1", "boot-2", "boot-3"):
         engine = make_engine(tmp_path, clock, boot_id=boot, open_after_evaluations=1, escalation_reboots=2)
-        records += engine.report(ecc_report(fatal))
+        records += engine.accept_report(ecc_report(fatal))
         engine.journal.close()
     assert kinds(records) == ["opened", "resolved", "escalated"]
     assert records[1].fault.resolve_reason.startswith("superseded")
@@ -189,19 +189,21 @@ def test_escalation_off_with_zero(tmp_path: Path) -> None:
     clock = FakeClock()
     for boot in ("b1", "b2", "b3", "b4"):
         engine = make_engine(tmp_path, clock, boot_id=boot, escalation_reboots=0)
-        records = engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        records = engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         assert records[0].fault.action == Action.REBOOT_NODE
         engine.journal.close()
 
 
 def test_hook_is_queued_once_per_fault_when_action_reaches_the_level(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock(), targets=("unix:/a.sock", "unix:/b.sock"), open_after_evaluations=1)
-    engine.event(xid(13))  # restart_app: below reboot_node
-    engine.report(ecc_report(ecc_finding()))  # reset_gpu: below
-    engine.report(ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL)))  # worse: now queued
-    engine.report(ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL)))
-    engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
-    engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.accept_event(xid(13))  # restart_app: below reboot_node
+    engine.accept_report(ecc_report(ecc_finding()))  # reset_gpu: below
+    engine.accept_report(
+        ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL))
+    )  # worse: now queued
+    engine.accept_report(ecc_report(ecc_finding(action=Action.REBOOT_NODE, severity=Severity.FATAL)))
+    engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
     assert engine.journal.outbox_depth() == {"unix:/a.sock": 2, "unix:/b.sock": 2}
     head = engine.journal.outbox_head("unix:/a.sock")
     assert head is not None
@@ -211,13 +213,13 @@ def test_hook_is_queued_once_per_fault_when_action_reaches_the_level(tmp_path: P
 def test_sequence_numbers_are_monotonic_across_restarts_and_retention(tmp_path: Path) -> None:
     clock = FakeClock()
     engine = make_engine(tmp_path, clock)
-    seqs = [r.seq for r in engine.event(xid(13))]
+    seqs = [r.seq for r in engine.accept_event(xid(13))]
     clock.advance(601)
     seqs += [r.seq for r in engine.tick()]
     engine.journal.prune(clock.now + 10 * 86400 * 100, 1, 1)  # delete everything resolved
     engine.journal.close()
     again = make_engine(tmp_path, clock)
-    seqs += [r.seq for r in again.event(xid(31))]
+    seqs += [r.seq for r in again.accept_event(xid(31))]
     assert seqs == [1, 2, 3]
     assert again.journal.first_retained_seq() == 3
 
@@ -226,11 +228,11 @@ def test_node_wide_condition_resolves_on_a_report_that_knows_every_gpu(tmp_path:
     engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1, resolve_after_evaluations=1)
     driver = Finding("driver", "driver_unresponsive", Severity.CRITICAL, Action.REBOOT_NODE, "driver hangs")
     per_gpu = (CheckResult("driver", GPU0, CheckStatus.OK), CheckResult("driver", GPU1, CheckStatus.OK))
-    assert kinds(engine.report(ProbeReport("driver", per_gpu, (driver,)))) == ["opened"]
+    assert kinds(engine.accept_report(ProbeReport("driver", per_gpu, (driver,)))) == ["opened"]
     partly_unknown = (CheckResult("driver", GPU0, CheckStatus.OK), CheckResult("driver", GPU1, CheckStatus.UNKNOWN))
-    assert engine.report(ProbeReport("driver", partly_unknown, ())) == []
-    assert engine.report(ProbeReport("driver", (), ())) == []  # no results at all: nothing known
-    assert kinds(engine.report(ProbeReport("driver", per_gpu, ()))) == ["resolved"]
+    assert engine.accept_report(ProbeReport("driver", partly_unknown, ())) == []
+    assert engine.accept_report(ProbeReport("driver", (), ())) == []  # no results at all: nothing known
+    assert kinds(engine.accept_report(ProbeReport("driver", per_gpu, ()))) == ["resolved"]
 
 
 FINDINGS = [
@@ -263,10 +265,10 @@ def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathF
         clock.advance(dt)
         if op == "report":
             findings = [FINDINGS[i] for i in sorted(picks) if FINDINGS[i].kind == "condition"]
-            engine.report(ecc_report(*findings, status={0: status}))
+            engine.accept_report(ecc_report(*findings, status={0: status}))
         elif op == "event":
             for i in sorted(picks):
-                engine.event(FINDINGS[i])
+                engine.accept_event(FINDINGS[i])
         elif op == "tick":
             engine.tick()
         else:

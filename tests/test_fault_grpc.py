@@ -35,13 +35,13 @@ def test_watch_replays_then_streams_live_and_resumes_without_gap_or_duplicate(tm
     sock = tmp_path / "run" / "healthd.sock"
     with DaemonThread(tmp_path, sock) as d:
         for code in range(10, 15):
-            d.engine.event(xid(code))  # records 1..5 exist before anyone watches
+            d.engine.accept_event(xid(code))  # records 1..5 exist before anyone watches
         first = watch(d.address, 0, 3)
         assert [i.record.seq for i in first] == [1, 2, 3]
         for code in range(15, 20):
-            d.engine.event(xid(code))  # written while the client is away
+            d.engine.accept_event(xid(code))  # written while the client is away
         # resume with the last seq seen; more records arrive from another thread while it streams live
-        feeder = threading.Thread(target=lambda: [d.engine.event(xid(c, GPU1)) for c in range(20, 30)])
+        feeder = threading.Thread(target=lambda: [d.engine.accept_event(xid(c, GPU1)) for c in range(20, 30)])
         with grpc.insecure_channel(d.address) as channel:
             call = pb_grpc.HealthStub(channel).WatchFaults(pb.WatchFaultsRequest(after_seq=3), timeout=60)
             second = []
@@ -67,17 +67,17 @@ def test_watch_resumes_across_a_daemon_restart(tmp_path: Path) -> None:
     sock = tmp_path / "healthd.sock"
     with DaemonThread(tmp_path, sock) as d:
         for code in range(10, 14):
-            d.engine.event(xid(code))
+            d.engine.accept_event(xid(code))
         seen = [i.record.seq for i in watch(d.address, 0, 4)]
     with DaemonThread(tmp_path, sock) as d:  # same journal, new process state
-        d.engine.event(xid(99))
+        d.engine.accept_event(xid(99))
         seen += [i.record.seq for i in watch(d.address, seen[-1], 1)]
     assert seen == [1, 2, 3, 4, 5]
 
 
 def test_watch_beyond_the_journal_is_out_of_range(tmp_path: Path) -> None:
     with DaemonThread(tmp_path, tmp_path / "s.sock") as d:
-        d.engine.event(xid(13))
+        d.engine.accept_event(xid(13))
         with pytest.raises(grpc.RpcError) as err:
             watch(d.address, 7, 1)
         assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
@@ -85,10 +85,10 @@ def test_watch_beyond_the_journal_is_out_of_range(tmp_path: Path) -> None:
 
 def test_watch_reports_a_gap_when_retention_removed_records(tmp_path: Path) -> None:
     with DaemonThread(tmp_path, tmp_path / "s.sock") as d:
-        d.engine.event(xid(13))
-        d.engine.event(xid(14))
+        d.engine.accept_event(xid(13))
+        d.engine.accept_event(xid(14))
         d.engine.journal.prune(10**12, 1, 10)  # every record is older than the retention
-        d.engine.event(xid(15))
+        d.engine.accept_event(xid(15))
         items = watch(d.address, 0, 2)
         assert items[0].WhichOneof("item") == "gap"
         assert (items[0].gap.from_seq, items[0].gap.to_seq) == (1, 2)
@@ -97,10 +97,10 @@ def test_watch_reports_a_gap_when_retention_removed_records(tmp_path: Path) -> N
 
 def test_list_faults_filters_and_node_health(tmp_path: Path) -> None:
     with DaemonThread(tmp_path, tmp_path / "s.sock", open_after_evaluations=1, resolve_after_evaluations=1) as d:
-        d.engine.report(ecc_report(ecc_finding(GPU0)))
-        d.engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
-        d.engine.event(xid(13, GPU0))
-        d.engine.report(ecc_report())  # the ECC fault resolves
+        d.engine.accept_report(ecc_report(ecc_finding(GPU0)))
+        d.engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        d.engine.accept_event(xid(13, GPU0))
+        d.engine.accept_report(ecc_report())  # the ECC fault resolves
         with grpc.insecure_channel(d.address) as channel:
             stub = pb_grpc.HealthStub(channel)
 
@@ -139,7 +139,7 @@ def _list_request(draw: Any) -> Any:
 
 def test_list_faults_any_input_is_an_answer_or_invalid_argument(tmp_path: Path) -> None:
     with DaemonThread(tmp_path, tmp_path / "s.sock") as d:
-        d.engine.event(xid(13))
+        d.engine.accept_event(xid(13))
         with grpc.insecure_channel(d.address) as channel:
             stub = pb_grpc.HealthStub(channel)
 

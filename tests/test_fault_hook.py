@@ -61,10 +61,10 @@ def test_hook_down_then_up_gets_every_fault_once_in_order(tmp_path: Path) -> Non
     with DaemonThread(tmp_path / "state", tmp_path / "healthd.sock", hook=hook) as d:
         fatal = {"severity": Severity.FATAL, "action": Action.REBOOT_NODE}
         for code in (79, 48, 64, 94, 95, 119):
-            d.engine.event(xid(code, GPU0, **fatal))
-            d.engine.event(xid(code, GPU1, **fatal))
-            d.engine.event(xid(code, GPU1, **fatal))  # a repeat: same fault, not a second delivery
-        d.engine.event(xid(13, GPU0))  # restart_app: below the hook's level, never delivered
+            d.engine.accept_event(xid(code, GPU0, **fatal))
+            d.engine.accept_event(xid(code, GPU1, **fatal))
+            d.engine.accept_event(xid(code, GPU1, **fatal))  # a repeat: same fault, not a second delivery
+        d.engine.accept_event(xid(13, GPU0))  # restart_app: below the hook's level, never delivered
         expected = [f.id for f in d.engine.journal.list_faults(FaultFilter(min_action=Action.REBOOT_NODE, limit=100))]
         assert len(expected) == 12
         target = hook.endpoints[0]
@@ -113,7 +113,7 @@ def test_outbox_survives_a_daemon_restart(tmp_path: Path) -> None:
     hook = HookSettings(endpoints=("unix:/nonexistent/hook.sock",), min_action="reboot_node",
                         backoff_initial_seconds=0.02, backoff_max_seconds=0.05)  # fmt: skip
     with DaemonThread(tmp_path, tmp_path / "a.sock", hook=hook) as d:
-        d.engine.event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         wait_until(lambda: d.runtime.dispatcher.failures[hook.endpoints[0]] >= 1, "a failed delivery")
     with DaemonThread(tmp_path, tmp_path / "a.sock", hook=hook) as d:
         head = d.engine.journal.outbox_head(hook.endpoints[0])

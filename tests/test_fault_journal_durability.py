@@ -29,7 +29,7 @@ WRITER = textwrap.dedent(
     engine = make_engine(Path({state!r}), clock, dedup_window_seconds=0.0)
     i = 0
     while True:
-        for record in engine.event(xid(1000 + i % 50)):
+        for record in engine.accept_event(xid(1000 + i % 50)):
             print(record.seq, record.fault.id, flush=True)
         clock.advance(1)
         i += 1
@@ -69,5 +69,5 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert all(by_seq[seq] == fault_id for seq, fault_id in acknowledged)
     assert len(engine.journal.list_faults(FaultFilter(limit=10_000))) == 50
     # sequence numbers continue after the last stored record
-    new = engine.event(xid(31))
+    new = engine.accept_event(xid(31))
     assert new[0].seq == stored_seqs[-1] + 1

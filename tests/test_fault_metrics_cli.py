@@ -28,10 +28,10 @@ class _Adapter:
 
 def test_fault_metrics(tmp_path: Path) -> None:
     engine = make_engine(tmp_path, FakeClock(), open_after_evaluations=1)
-    engine.report(ecc_report(ecc_finding(GPU0), status={1: CheckStatus.UNKNOWN}))
+    engine.accept_report(ecc_report(ecc_finding(GPU0), status={1: CheckStatus.UNKNOWN}))
     for _ in range(3):
-        engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
-    engine.event(xid(13, GPU0))
+        engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.accept_event(xid(13, GPU0))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Adapter(FaultMetricsCollector(engine)))
     text = generate_latest(registry).decode()
@@ -76,8 +76,8 @@ def test_config_sections() -> None:
 
 def test_xpuctl_faults_and_health(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with DaemonThread(tmp_path, tmp_path / "s.sock", open_after_evaluations=1) as d:
-        d.engine.report(ecc_report(ecc_finding(GPU0)))
-        d.engine.event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        d.engine.accept_report(ecc_report(ecc_finding(GPU0)))
+        d.engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         sock = ["--socket", d.address]
         capsys.readouterr()  # the server's own log lines
         assert xpuctl([*sock, "faults", "list", "--min-action", "reboot_node"]) == 0

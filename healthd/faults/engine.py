@@ -19,7 +19,8 @@ Rules (one fault per identity = (check, code, GPU uuid) while active):
   identity and a smaller action is resolved as superseded. A new fault id keeps "one hook call per fault id" true.
 - A fault is queued to the replacement hooks once, the first time its action reaches ``hook_min_action``.
 
-The engine is synchronous and thread-safe: ``report()``/``event()`` return after the journal commit (one fsync),
+The engine is synchronous and thread-safe: ``report()``/``event()`` (the probe runner's FindingSink; the
+``accept_*`` forms also return the records written) return after the journal commit (one fsync),
 so whatever they accepted survives a kill -9. Listeners are called after each commit with the last sequence
 number; the asyncio side turns that into wakeups (see notify.py).
 """
@@ -99,8 +100,16 @@ class FaultEngine:
 
     # -- the sink the probes call ------------------------------------------------------------------------------
 
-    def report(self, report: ProbeReport) -> list[FaultRecord]:
-        """One evaluation of one check: condition findings plus the per-GPU status."""
+    def report(self, report: ProbeReport) -> None:
+        """The probe runner's sink entry (healthd.probes.runner.FindingSink)."""
+        self.accept_report(report)
+
+    def event(self, finding: Finding) -> None:
+        """The XID watcher's sink entry."""
+        self.accept_event(finding)
+
+    def accept_report(self, report: ProbeReport) -> list[FaultRecord]:
+        """One evaluation of one check: condition findings plus the per-GPU status; returns the records written."""
         now = self._clock()
         with self._lock:
             for result in report.results:
@@ -131,8 +140,8 @@ class FaultEngine:
                     changes.append(self._resolve(fault, now, "condition cleared"))
             return self._commit(changes, now, touched)
 
-    def event(self, finding: Finding) -> list[FaultRecord]:
-        """A one-off finding (an XID line, an ECC event)."""
+    def accept_event(self, finding: Finding) -> list[FaultRecord]:
+        """A one-off finding (an XID line, an ECC event); returns the records written."""
         now = self._clock()
         with self._lock:
             changes: list[Change] = []
