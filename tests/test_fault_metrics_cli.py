@@ -94,3 +94,33 @@ def test_xpuctl_faults_and_health(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert out.splitlines()[0].split() == ["CHECK", "GPU0", "GPU1"]
         assert out.splitlines()[1].split() == ["ecc", "failed", "ok"]
         assert "active faults: 2" in out
+
+
+def test_xpuctl_watch_resumes_after_the_daemon_restarts(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    sock = tmp_path / "run" / "healthd.sock"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    with DaemonThread(tmp_path, sock) as d:
+        d.engine.accept_event(xid(13))
+        d.engine.accept_event(xid(14))
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "healthd.cli", "--socket", f"unix:{sock}", "faults", "watch", "--count", "4"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert watcher.stdout is not None
+        lines = [watcher.stdout.readline(), watcher.stdout.readline()]
+    # the daemon is gone; the watcher keeps trying, then resumes after seq 2 on the new daemon
+    with DaemonThread(tmp_path, sock) as d:
+        d.engine.accept_event(xid(15))
+        d.engine.accept_event(xid(16))
+        out, err = watcher.communicate(timeout=60)
+    lines += out.splitlines()
+    assert [ln.split()[0] for ln in lines if ln.strip()] == ["seq=1", "seq=2", "seq=3", "seq=4"]
+    assert watcher.returncode == 0, err
+    assert "resuming after seq 2" in err
