@@ -132,7 +132,7 @@ def _list_request(draw: Any) -> Any:
         state=draw(st.integers(-5, 5)),
         min_severity=draw(st.integers(-(2**31), 2**31 - 1)),
         min_action=draw(st.integers(-3, 9)),
-        since_seq=draw(st.integers(0, 2**64 - 1)),
+        since_seq=draw(st.one_of(st.sampled_from([0, 1, 2**63 - 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1))),
         limit=draw(st.integers(0, 2**32 - 1)),
     )
 

@@ -21,6 +21,7 @@ DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
 MAX_FILTER_CHARS = 256
 REPLAY_BATCH = 500
+MAX_SEQ = 2**63 - 1
 
 
 class FilterError(ValueError):
@@ -60,7 +61,7 @@ def parse_filter(request: Any) -> FaultFilter:
         state=state,
         min_severity=min_severity,
         min_action=min_action,
-        since_seq=request.since_seq,
+        since_seq=min(request.since_seq, MAX_SEQ),  # beyond any sequence number SQLite can hold: nothing newer
         limit=request.limit or DEFAULT_LIMIT,
     )
 
