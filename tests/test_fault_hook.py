@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from faults_helpers import GPU0, GPU1, DaemonThread, wait_until, xid
 
 from healthd.api.v1 import hook_pb2 as hpb
@@ -138,3 +139,46 @@ def test_hook_rejects_a_report_without_a_key(tmp_path: Path) -> None:
         wait_until(lambda: code() == grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT for an empty key")
     finally:
         stop_hook(proc)
+
+
+def test_hook_answers_any_report_with_ok_or_invalid_argument(tmp_path: Path) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    sock = tmp_path / "hook.sock"
+    ran = tmp_path / "ran.txt"
+    proc = start_hook(f"unix:{sock}", f'cat > /dev/null; echo "$XPU_FAULT_ID" >> {ran}', tmp_path / "h.sqlite")
+    text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
+    try:
+        with grpc.insecure_channel(f"unix:{sock}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = hpb_grpc.ReplacementHookStub(channel)
+
+            @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+            @given(
+                key=st.one_of(st.just(""), text),
+                node_name=text,
+                seq=st.one_of(st.sampled_from([0, 2**63 - 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1)),
+                fault_json=st.one_of(st.just(""), st.just("{"), text),
+                gpu_index=st.integers(-(2**31), 2**31 - 1),
+                message=text,
+            )
+            def check(key: str, node_name: str, seq: int, fault_json: str, gpu_index: int, message: str) -> None:
+                request = hpb.FaultReport(
+                    idempotency_key=key, node_name=node_name, seq=seq, fault_json=fault_json,
+                    gpu_index=gpu_index, message=message,
+                )  # fmt: skip
+                valid = 0 < len(key) <= 256 and key.isprintable() and seq < 2**63
+                if not valid:
+                    with pytest.raises(grpc.RpcError) as err:
+                        stub.ReportFault(request, timeout=30)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    return
+                stub.ReportFault(request, timeout=30)
+
+            check()
+    finally:
+        stop_hook(proc)
+    lines = ran.read_bytes().split(b"\n") if ran.exists() else []
+    ids = [ln for ln in lines if ln]
+    assert len(ids) == len(set(ids))  # each accepted key ran once, however often hypothesis repeated it

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS executions (
   runs INTEGER NOT NULL DEFAULT 0, deliveries INTEGER NOT NULL DEFAULT 0);
 """
 OUTPUT_TAIL = 2000
+MAX_SEQ = 2**63 - 1  # SQLite's largest integer
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +140,12 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
 
     async def ReportFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         key = request.idempotency_key
-        if not key or len(key) > 256:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "idempotency_key: required, at most 256 characters")
+        if not key or len(key) > 256 or not key.isprintable():
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "idempotency_key: required, at most 256 printable characters"
+            )
+        if request.seq > MAX_SEQ:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seq: at most {MAX_SEQ}")
         async with self._lock:
             prior = await asyncio.to_thread(self._store.get, key)
             await asyncio.to_thread(
@@ -161,9 +166,9 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         env = {
             **os.environ,
             "XPU_FAULT_ID": key,
-            "XPU_NODE_NAME": request.node_name,
-            "XPU_FAULT_ACTION": request.action,
-            "XPU_FAULT_CODE": request.code,
+            "XPU_NODE_NAME": _env_safe(request.node_name),
+            "XPU_FAULT_ACTION": _env_safe(request.action),
+            "XPU_FAULT_CODE": _env_safe(request.code),
             "XPU_FAULT_SEQ": str(request.seq),
         }
         try:
@@ -188,6 +193,10 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         tail = out.decode(errors="replace").strip()[-OUTPUT_TAIL:]
         code = proc.returncode if proc.returncode is not None else -1
         return code, f"exit {code}" + (f": {tail}" if tail else "")
+
+
+def _env_safe(value: str) -> str:
+    return value.replace("\x00", "")  # an environment value cannot hold NUL; the JSON on stdin has it all
 
 
 def _prepare_unix_socket(listen: str) -> None:
