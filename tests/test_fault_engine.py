@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faults_helpers import GPU0, GPU1, FakeClock, ecc_finding, ecc_report, make_engine, xid
+from faults_helpers import GPU0, GPU1, SETTINGS, FakeClock, ecc_finding, ecc_report, make_engine, xid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,3 +287,63 @@ def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathF
     queued = engine.journal.outbox_depth().get("unix:/h.sock", 0)
     assert queued == len({r.fault.id for r in records if r.fault.action >= Action.REBOOT_NODE and r.fault.hooked})
     engine.journal.close()
+
+
+def test_boot_id_comes_from_the_configured_file(tmp_path: Path) -> None:
+    from healthd.config import HookSettings
+    from healthd.faults.journal import Journal
+    from healthd.faults.runtime import FaultRuntime
+
+    boot_file = tmp_path / "boot_id"
+    settings = replace(SETTINGS, boot_id_path=boot_file, escalation_reboots=1)
+    fatal = xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE)
+    actions = []
+    for boot in ("0b5e-first\n", "0b5e-second\n"):
+        boot_file.write_text(boot)
+        runtime = FaultRuntime(Journal(tmp_path / "faults.sqlite"), settings, HookSettings(), clock=FakeClock())
+        assert runtime.engine.boot_id == boot.strip()
+        actions += [r.fault.action for r in runtime.engine.accept_event(fatal) if r.fault.active]
+        runtime.journal.close()
+    assert actions == [Action.REBOOT_NODE, Action.REPLACE_NODE]
+
+
+def test_unreadable_boot_id_never_resolves_by_reboot(tmp_path: Path) -> None:
+    from healthd.faults.engine import read_boot_id
+
+    assert read_boot_id(tmp_path / "missing") == "unknown"
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock, boot_id="boot-1")
+    engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+    engine.journal.close()
+    assert len(make_engine(tmp_path, clock, boot_id="unknown").active_faults()) == 1
+
+
+def test_retention_keeps_active_faults_and_undelivered_hook_items(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock, targets=("unix:/h.sock",))
+    engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))  # active, queued
+    for code in (13, 31, 43):
+        engine.accept_event(xid(code))
+    clock.advance(601)
+    assert len(engine.tick()) == 3  # the three quiet ones resolve
+    journal = engine.journal
+    assert journal.prune(clock.now, 86400, 2) == 1  # over the count: the oldest resolved fault goes
+    assert len(journal.list_faults(FaultFilter(state=FaultState.RESOLVED))) == 2
+    assert journal.prune(clock.now + 2 * 86400, 86400, 100) == 2  # over the age: the rest go
+    assert [f.code for f in journal.list_faults(FaultFilter())] == ["xid_79"]
+    assert journal.outbox_depth() == {"unix:/h.sock": 1}
+    assert journal.records_after(0, 100) == []  # records are history; the faults table is the state
+
+
+def test_backoff_grows_exponentially_within_jitter_bounds() -> None:
+    import random
+
+    from healthd.faults.outbox import backoff_delay
+
+    rng = random.Random(7)
+    for attempts in range(12):
+        step = min(30.0, 0.5 * 2**attempts)
+        delays = [backoff_delay(attempts, 0.5, 30.0, rng) for _ in range(50)]
+        assert all(step / 2 <= d <= step for d in delays)
+        assert len(set(delays)) > 1  # jittered: retries of many nodes do not line up
+    assert backoff_delay(10_000, 0.5, 30.0, rng) <= 30.0
