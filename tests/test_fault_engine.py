@@ -347,3 +347,19 @@ def test_backoff_grows_exponentially_within_jitter_bounds() -> None:
         assert all(step / 2 <= d <= step for d in delays)
         assert len(set(delays)) > 1  # jittered: retries of many nodes do not line up
     assert backoff_delay(10_000, 0.5, 30.0, rng) <= 30.0
+
+
+def test_repeats_within_one_report_are_counted(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock())
+    records = engine.accept_report(ProbeReport("xid", (), (xid(13), xid(13), xid(13))))
+    assert kinds(records) == ["opened"]
+    assert records[0].fault.count == 3
+    assert engine.journal.active_faults()[0].count == 3
+
+
+def test_worse_repeat_within_one_report_reaches_the_hook(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, FakeClock(), targets=("unix:/h.sock",))
+    fatal = xid(13, severity=Severity.FATAL, action=Action.REBOOT_NODE)
+    records = engine.accept_report(ProbeReport("xid", (), (xid(13), fatal, fatal)))
+    assert [(r.kind.value, r.fault.action, r.fault.count) for r in records] == [("opened", Action.REBOOT_NODE, 3)]
+    assert engine.journal.outbox_depth() == {"unix:/h.sock": 1}

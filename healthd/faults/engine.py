@@ -312,6 +312,11 @@ class FaultEngine:
             boot_id=self.boot_id,
         )
         last = self._last_record_at.get(fault.id, fault.first_seen)
+        for i, change in enumerate(changes):
+            if change.fault.id == fault.id:  # it already has a record in this batch: that record carries it
+                redo = self._change(change.kind, updated, change.detail)  # may now reach the hook's level
+                changes[i] = replace(redo, outbox_targets=change.outbox_targets or redo.outbox_targets)
+                return
         if worse or (repeat and now - last >= self._s.dedup_window_seconds):
             changes.append(self._change(RecordKind.UPDATED, updated, "worse" if worse else "repeated"))
         else:
