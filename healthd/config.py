@@ -63,6 +63,34 @@ class AttributionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultsSettings:
+    """[faults]: how findings become faults (see healthd/faults/engine.py for the rules)."""
+
+    dedup_window_seconds: float = 300.0  # repeats of an active event fault: at most one "updated" record per window
+    open_after_evaluations: int = 2  # a condition must be reported this many evaluations in a row to open
+    resolve_after_evaluations: int = 2  # ... and be absent this many known-status evaluations in a row to resolve
+    reopen_window_seconds: float = 600.0  # back within this long after resolving: the same fault reopens
+    event_quiet_seconds: float = 3600.0  # an event fault below reset_gpu resolves after this long without repeats
+    escalation_reboots: int = 2  # a fatal fault seen again after this many reboots becomes replace_node (0: off)
+    escalation_window_seconds: float = 7 * 86400.0
+    retention_seconds: float = 30 * 86400.0  # resolved faults and records older than this are deleted
+    retention_max_resolved: int = 10000
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """[hook]: where faults that need a standby node are pushed (ReplacementHook.ReportFault)."""
+
+    endpoints: tuple[str, ...] = ()  # unix:/path or HOST:PORT
+    min_action: str = "replace_node"
+    node_name: str = ""  # empty: the host name
+    timeout_seconds: float = 30.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -72,6 +100,8 @@ class Config:
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     topology: TopologySettings = field(default_factory=TopologySettings)
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
+    faults: FaultsSettings = field(default_factory=FaultsSettings)
+    hook: HookSettings = field(default_factory=HookSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -125,10 +155,10 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology", "attribution"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
-    for name, table in (("daemon", daemon), ("sampler", sampler)):
+    for name, table in (("daemon", daemon), ("sampler", sampler), ("faults", data.get("faults", {}))):
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
@@ -167,6 +197,8 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
         topology=parse_topology(data.get("topology", {})),
         attribution=parse_attribution(data.get("attribution", {})),
+        faults=parse_faults(data.get("faults", {})),
+        hook=parse_hook(data.get("hook", {})),
         source=source,
     )
 
@@ -247,6 +279,88 @@ def parse_attribution(table: Any) -> AttributionSettings:
         pod_logs_root=paths["pod_logs_root"],
         kubelet_socket=paths["kubelet_socket"],
         refresh_interval_seconds=refresh,
+    )
+
+
+def _integer(table: Mapping[str, Any], key: str, where: str, default: int, *, minimum: int, maximum: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}.{key}: expected an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{where}.{key}: must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def parse_faults(table: Mapping[str, Any]) -> FaultsSettings:
+    d = FaultsSettings()
+    _check_keys(table, {f.name for f in fields(FaultsSettings)}, "faults")
+    boot_id_path = _string(table, "boot_id_path", "faults.", str(d.boot_id_path))
+    if not Path(boot_id_path).is_absolute():
+        raise ConfigError(f"faults.boot_id_path: must be an absolute path, got {boot_id_path!r}")
+    day = 86400.0
+    return FaultsSettings(
+        dedup_window_seconds=_number(
+            table, "dedup_window_seconds", "faults", d.dedup_window_seconds, minimum=0, maximum=day
+        ),
+        open_after_evaluations=_integer(
+            table, "open_after_evaluations", "faults", d.open_after_evaluations, minimum=1, maximum=100
+        ),
+        resolve_after_evaluations=_integer(
+            table, "resolve_after_evaluations", "faults", d.resolve_after_evaluations, minimum=1, maximum=100
+        ),
+        reopen_window_seconds=_number(
+            table, "reopen_window_seconds", "faults", d.reopen_window_seconds, minimum=0, maximum=day
+        ),
+        event_quiet_seconds=_number(
+            table, "event_quiet_seconds", "faults", d.event_quiet_seconds, minimum=1, maximum=30 * day
+        ),
+        escalation_reboots=_integer(
+            table, "escalation_reboots", "faults", d.escalation_reboots, minimum=0, maximum=100
+        ),
+        escalation_window_seconds=_number(
+            table, "escalation_window_seconds", "faults", d.escalation_window_seconds, minimum=60, maximum=365 * day
+        ),
+        retention_seconds=_number(
+            table, "retention_seconds", "faults", d.retention_seconds, minimum=3600, maximum=3650 * day
+        ),
+        retention_max_resolved=_integer(
+            table, "retention_max_resolved", "faults", d.retention_max_resolved, minimum=1, maximum=10_000_000
+        ),
+        boot_id_path=Path(boot_id_path),
+    )
+
+
+HOOK_ACTIONS = ("restart_app", "reset_gpu", "reboot_node", "replace_node")
+
+
+def parse_hook(table: Any) -> HookSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("hook: expected a table ([hook])")
+    d = HookSettings()
+    _check_keys(table, {f.name for f in fields(HookSettings)}, "hook")
+    raw = table.get("endpoints", [])
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise ConfigError("hook.endpoints: expected a string or a list of strings")
+    for address in raw:
+        check_grpc_address(address, "hook.endpoints")
+    if len(set(raw)) != len(raw):
+        raise ConfigError("hook.endpoints: an endpoint is listed twice")
+    min_action = _string(table, "min_action", "hook.", d.min_action).lower()
+    if min_action not in HOOK_ACTIONS:
+        raise ConfigError(f"hook.min_action: must be one of {', '.join(HOOK_ACTIONS)}, got {min_action!r}")
+    initial = _number(table, "backoff_initial_seconds", "hook", d.backoff_initial_seconds, minimum=0.01, maximum=3600)
+    maximum = _number(table, "backoff_max_seconds", "hook", d.backoff_max_seconds, minimum=0.01, maximum=86400)
+    if maximum < initial:
+        raise ConfigError(f"hook.backoff_max_seconds: must be at least backoff_initial_seconds ({initial:g})")
+    return HookSettings(
+        endpoints=tuple(raw),
+        min_action=min_action,
+        node_name=_string(table, "node_name", "hook.", d.node_name),
+        timeout_seconds=_number(table, "timeout_seconds", "hook", d.timeout_seconds, minimum=0.1, maximum=3600),
+        backoff_initial_seconds=initial,
+        backoff_max_seconds=maximum,
     )
 
 

@@ -20,6 +20,9 @@ from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
 from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.faults import service as health_service
+from healthd.faults.journal import Journal
+from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.logs import configure_logging
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
@@ -86,8 +89,16 @@ class Daemon:
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
         self.topology = build_topology(config, self.backend, self.sampler)
         self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
+        self.faults = self.fault_runtime.engine  # the probes' sink: report(ProbeReport), event(Finding)
         self.registry = CollectorRegistry(auto_describe=False)
-        collectors = [*default_collectors(), *self.attribution.collectors(), *self.topology.collectors]
+        collectors = [
+            *default_collectors(),
+            *self.attribution.collectors(),
+            *self.topology.collectors,
+            self.fault_runtime.collector,
+        ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
@@ -100,6 +111,7 @@ class Daemon:
             [
                 Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
                 *self.topology.services,
+                Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
             ],
         )
 
@@ -110,6 +122,7 @@ class Daemon:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.attribution.start)
         self.sampler.start()
+        await self.fault_runtime.start()
         self.http.start()
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
         await self.grpc.start()
@@ -123,6 +136,7 @@ class Daemon:
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.sampler.stop)
         await asyncio.to_thread(self.attribution.stop)
+        await self.fault_runtime.stop()
         self.backend.close()
         log.info("stopped")
 
