@@ -51,7 +51,8 @@ def test_pending_mig_and_ecc_changes_reported_after_grace(h200x8: Node) -> None:
     mig = only(report, "mig_mode_pending")
     ecc = only(report, "ecc_mode_pending")
     assert (mig.gpu.index if mig.gpu else None, ecc.gpu.index if ecc.gpu else None) == (0, 1)
-    assert mig.action is Action.RESET_GPU and mig.severity is Severity.WARNING
+    assert mig.action is Action.RESET_GPU
+    assert mig.severity is Severity.WARNING
     assert status(report, 0) == "warning"
 
 

@@ -71,7 +71,9 @@ def test_crc_rate_threshold(h200x8: Node) -> None:
     assert codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == set()
     h200x8.inject("nvlink_errors", 6, link=1, crc=600)  # 120/s
     f = only(probe.evaluate(h200x8.tick(), h200x8.clock()), "nvlink_crc_rate")
-    assert f.gpu is not None and f.gpu.index == 6 and f.severity is Severity.CRITICAL
+    assert f.gpu is not None
+    assert f.gpu.index == 6
+    assert f.severity is Severity.CRITICAL
 
 
 def test_errors_before_the_first_sample_are_not_increments(h200x8: Node) -> None:

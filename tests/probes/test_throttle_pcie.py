@@ -68,4 +68,5 @@ def test_low_pcie_generation_on_busy_card_warns(h200x8: Node) -> None:
 
 def test_healthy_links(h200x8: Node) -> None:
     report = PcieProbe().evaluate(h200x8.tick(), h200x8.clock())
-    assert report.findings == () and {str(r.status) for r in report.results} == {"ok"}
+    assert report.findings == ()
+    assert {str(r.status) for r in report.results} == {"ok"}
