@@ -33,8 +33,8 @@ DEFAULT_KMSG_PATH = Path("/dev/kmsg")
 XID_FALLEN_OFF_BUS = 79
 
 _PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}}),\s?(?P<rest>.*)")
-_PID_RE = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s?(?P<text>.*)")
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}}),\s?(?P<rest>.*)", re.ASCII)
+_PID_RE = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s?(?P<text>.*)", re.ASCII)
 _IDENTITY_RE = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_PCI}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 _FALLEN_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?(?P<pci>{_PCI})\b(?P<rest>.*)")
 _FALLEN_TEXT = "fallen off the bus"
