@@ -190,6 +190,8 @@ class KmsgReader:
     and skipped. A regular file (tests, simulation) is followed like ``tail -f``; ``from_start`` reads it whole.
     """
 
+    _read = staticmethod(os.read)  # one record per call on the device; a seam for tests
+
     def __init__(
         self,
         path: Path,
@@ -260,7 +262,7 @@ class KmsgReader:
         size = 8192
         while not self._stop.is_set():
             try:
-                chunk = os.read(fd, size)
+                chunk = self._read(fd, size)
             except BlockingIOError:
                 select.select([fd], [], [], self._poll)
                 continue

@@ -227,3 +227,45 @@ def test_reader_survives_a_missing_file_and_a_failing_consumer(tmp_path: Path) -
         assert _wait_for(lambda: calls == [1, 2])
     finally:
         reader.stop()
+
+
+def test_device_reading_survives_overwritten_records_and_long_records() -> None:
+    """The character-device path, driven by a scripted read(): EPIPE (records overwritten before we read them)
+    is counted and skipped, EINVAL (record longer than the buffer) grows the buffer, EAGAIN waits. The test does not
+    write to the real /dev/kmsg: fake NVRM lines there would reach every log monitor on the machine."""
+    import errno
+    import os
+
+    seen: list[int] = []
+    sizes: list[int] = []
+    r, w = os.pipe()
+
+    class Scripted(KmsgReader):
+        script: list[object] = [
+            b"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=a, DBE\n",
+            OSError(errno.EPIPE, "Broken pipe"),
+            BlockingIOError(),
+            OSError(errno.EINVAL, "Invalid argument"),
+            b"4,9,9,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus.\n SUBSYSTEM=pci\n",
+        ]
+
+        def _read(self, fd: int, size: int) -> bytes:  # type: ignore[override]
+            sizes.append(size)
+            if not self.script:
+                self._stop.set()
+                return b""
+            item = self.script.pop(0)
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, bytes)
+            return item
+
+    reader = Scripted(Path("/dev/kmsg"), lambda rec: seen.append(rec.seq), from_start=True, poll_seconds=0.01)
+    try:
+        reader._follow_device(r)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert seen == [1, 9]
+    assert reader.overwritten == 1
+    assert sizes[-1] == 4 * sizes[0]
