@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from exporter.snapshot import GpuSnapshot
 from healthd.faults.model import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
@@ -56,9 +57,43 @@ class ReportBuilder:
         self.result(gpu, CheckStatus.UNSUPPORTED, detail)
 
     def build(self) -> ProbeReport:
-        return ProbeReport(self.check, tuple(self._results), tuple(self._findings))
+        return ProbeReport(self.check, tuple(self._results), tuple(merge_same_code(self._findings)))
 
 
-def evidence(**values: object) -> dict[str, str]:
-    """Evidence mapping with every value as a string (findings keep evidence as str -> str)."""
-    return {k: str(v) for k, v in values.items()}
+def merge_same_code(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per (code, GPU): the fault engine keys conditions on check, code and GPU, so two down links of
+    one card (or two stuck processes) become one finding with both messages, the worst severity and action, and
+    each evidence value joined with commas."""
+    groups: dict[tuple[str, GpuRef | None], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.code, f.gpu), []).append(f)
+    out: list[Finding] = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        joined: dict[str, list[str]] = {}
+        for f in group:
+            for key, value in f.evidence.items():
+                values = joined.setdefault(key, [])
+                if value not in values:
+                    values.append(value)
+        first = group[0]
+        out.append(
+            Finding(
+                check=first.check,
+                code=first.code,
+                severity=max(f.severity for f in group),
+                action=max(f.action for f in group),
+                message="; ".join(dict.fromkeys(f.message for f in group)),
+                gpu=first.gpu,
+                evidence=MappingProxyType({k: ",".join(v) for k, v in joined.items()}),
+                kind=first.kind,
+            )
+        )
+    return out
+
+
+def evidence(**values: object) -> Mapping[str, str]:
+    """Evidence mapping with every value as a string (findings keep evidence as str -> str), read-only."""
+    return MappingProxyType({k: str(v) for k, v in values.items()})

@@ -131,9 +131,12 @@ def test_process_stuck_in_the_driver(h200x8: Node, tmp_path: Path) -> None:
     probe = DriverProbe(DriverSettings(proc_root=root, dstate_after_seconds=120))
     assert codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == set()  # not yet held long enough
     report = probe.evaluate(h200x8.tick(120), h200x8.clock())
-    stuck = [f for f in report.findings if f.code == "driver_process_stuck"]
-    assert sorted(f.evidence["pid"] for f in stuck) == ["100", "101"]
-    assert all(f.action is Action.REBOOT_NODE and f.gpu is None for f in stuck)
+    stuck = only(report, "driver_process_stuck")  # one node-wide condition naming both processes
+    assert stuck.evidence["pid"] == "100,101"
+    assert stuck.action is Action.REBOOT_NODE
+    assert stuck.gpu is None
+    assert "python3" in stuck.message
+    assert "nvidia-smi" in stuck.message
 
 
 def test_dstate_scan_survives_odd_process_names(tmp_path: Path) -> None:

@@ -33,6 +33,16 @@ def test_link_that_was_up_and_went_down(h200x8: Node) -> None:
     assert probe.evaluate(h200x8.tick(), h200x8.clock()).findings == ()
 
 
+def test_two_links_down_on_one_card_are_one_condition(h200x8: Node) -> None:
+    probe = NvLinkProbe()
+    probe.evaluate(h200x8.tick(), h200x8.clock())
+    h200x8.inject("nvlink_down", 5, link=3)
+    h200x8.inject("nvlink_down", 5, link=7)
+    f = only(probe.evaluate(h200x8.tick(), h200x8.clock()), "nvlink_down")
+    assert f.evidence["link"] == "3,7"
+    assert f.message == "NVLink 3 was up and is down; NVLink 7 was up and is down"
+
+
 def test_link_down_from_the_start_is_not_a_fault(h200x8: Node) -> None:
     h200x8.inject("nvlink_down", 2, link=0)
     probe = NvLinkProbe()
