@@ -9,10 +9,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from exporter.backends.types import ComputeMode
-from healthd.config import ConfigError
 from healthd.faults.xid_catalog import CatalogError, XidOverride, parse_overrides
 from healthd.probes.configuration import ConfigurationExpectations
 from healthd.probes.ecc import EccThresholds
@@ -23,6 +22,13 @@ from healthd.probes.throttle import ThrottleThresholds
 from healthd.probes.xid import XidSettings
 
 MIB = 2**20
+
+
+def _fail(message: str) -> NoReturn:
+    # imported here, not at the top: healthd/config.py imports this module to build its Config
+    from healthd.config import ConfigError
+
+    raise ConfigError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +56,10 @@ _TOP = {"proc_root", "sysfs_root", "kmsg_path"} | _SECTIONS
 def _table(parent: Mapping[str, Any], key: str, where: str, allowed: set[str]) -> Mapping[str, Any]:
     value = parent.get(key, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}.{key}: expected a table ([{where}.{key}])")
+        _fail(f"{where}.{key}: expected a table ([{where}.{key}])")
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise ConfigError(f"{where}.{key}.{unknown[0]}: unknown option (known: {', '.join(sorted(allowed))})")
+        _fail(f"{where}.{key}.{unknown[0]}: unknown option (known: {', '.join(sorted(allowed))})")
     return value
 
 
@@ -61,45 +67,45 @@ def _num(t: Mapping[str, Any], key: str, where: str, default: float, *, above: f
          at_least: float | None = None, at_most: float | None = None) -> float:  # fmt: skip
     value = t.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{where}.{key}: expected a number, got {type(value).__name__}")
+        _fail(f"{where}.{key}: expected a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise ConfigError(f"{where}.{key}: must be a finite number, got {value}")
+        _fail(f"{where}.{key}: must be a finite number, got {value}")
     if above is not None and not value > above:
-        raise ConfigError(f"{where}.{key}: must be > {above:g}, got {value}")
+        _fail(f"{where}.{key}: must be > {above:g}, got {value}")
     if at_least is not None and value < at_least:
-        raise ConfigError(f"{where}.{key}: must be >= {at_least:g}, got {value}")
+        _fail(f"{where}.{key}: must be >= {at_least:g}, got {value}")
     if at_most is not None and value > at_most:
-        raise ConfigError(f"{where}.{key}: must be <= {at_most:g}, got {value}")
+        _fail(f"{where}.{key}: must be <= {at_most:g}, got {value}")
     return float(value)
 
 
 def _int(t: Mapping[str, Any], key: str, where: str, default: int, *, at_least: int) -> int:
     value = t.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}.{key}: expected an integer, got {type(value).__name__}")
+        _fail(f"{where}.{key}: expected an integer, got {type(value).__name__}")
     if value < at_least:
-        raise ConfigError(f"{where}.{key}: must be >= {at_least}, got {value}")
+        _fail(f"{where}.{key}: must be >= {at_least}, got {value}")
     return value
 
 
 def _path(t: Mapping[str, Any], key: str, where: str, default: Path) -> Path:
     value = t.get(key, str(default))
     if not isinstance(value, str) or not value.startswith("/"):
-        raise ConfigError(f"{where}.{key}: expected an absolute path, got {value!r}")
+        _fail(f"{where}.{key}: expected an absolute path, got {value!r}")
     return Path(value)
 
 
 def _choice(t: Mapping[str, Any], key: str, where: str, default: str, choices: Mapping[str, Any]) -> Any:
     value = t.get(key, default)
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{where}.{key}: must be one of {', '.join(choices)}, got {value!r}")
+        _fail(f"{where}.{key}: must be one of {', '.join(choices)}, got {value!r}")
     return choices[value]
 
 
 def parse_probe_settings(table: Mapping[str, Any], where: str = "health") -> ProbeSettings:
     unknown = sorted(set(table) - _TOP)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown option (known: {', '.join(sorted(_TOP))})")
+        _fail(f"{where}.{unknown[0]}: unknown option (known: {', '.join(sorted(_TOP))})")
     d = ProbeSettings()
     kmsg_raw = table.get("kmsg_path", str(d.kmsg_path))
     if kmsg_raw == "":
@@ -176,11 +182,11 @@ def parse_probe_settings(table: Mapping[str, Any], where: str = "health") -> Pro
     xid = XidSettings(merge_window_seconds=_num(t, "merge_window_seconds", w, d.xid.merge_window_seconds, above=0))
     raw_overrides = t.get("overrides", {})
     if not isinstance(raw_overrides, dict):
-        raise ConfigError(f"{w}.overrides: expected a table of [{w}.overrides.N] entries")
+        _fail(f"{w}.overrides: expected a table of [{w}.overrides.N] entries")
     try:
         overrides = parse_overrides(raw_overrides, f"{w}.overrides")
     except CatalogError as exc:
-        raise ConfigError(str(exc)) from None
+        _fail(str(exc))
 
     return ProbeSettings(
         proc_root=_path(table, "proc_root", where, d.proc_root),
