@@ -210,6 +210,7 @@ class KmsgReader:
         self.overwritten = 0  # EPIPE: the kernel overwrote records before we read them
         self.errors = 0
         self.last_error: str | None = None
+        self.following = threading.Event()  # set once the log is open and positioned (tests, startup order)
 
     def start(self) -> None:
         if self._thread is None:
@@ -259,6 +260,7 @@ class KmsgReader:
     def _follow_device(self, fd: int) -> None:
         if not self._from_start:
             os.lseek(fd, 0, os.SEEK_END)
+        self.following.set()
         size = 8192
         while not self._stop.is_set():
             try:
@@ -282,6 +284,7 @@ class KmsgReader:
     def _follow_file(self, fd: int) -> None:
         if not self._from_start:
             os.lseek(fd, 0, os.SEEK_END)
+        self.following.set()
         pending = b""
         while not self._stop.is_set():
             chunk = os.read(fd, 65536)
