@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from healthd.probes.config import ProbeSettings, parse_probe_settings
+
 DEFAULT_CONFIG_PATH = Path("/etc/xpu-runtime-kit/healthd.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/xpu-runtime-kit")
 DEFAULT_RUNTIME_DIR = Path("/run/xpu-runtime-kit")
@@ -102,6 +104,7 @@ class Config:
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
     faults: FaultsSettings = field(default_factory=FaultsSettings)
     hook: HookSettings = field(default_factory=HookSettings)
+    health: ProbeSettings = field(default_factory=ProbeSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -155,7 +158,7 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     for name, table in (("daemon", daemon), ("sampler", sampler), ("faults", data.get("faults", {}))):
@@ -199,6 +202,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         attribution=parse_attribution(data.get("attribution", {})),
         faults=parse_faults(data.get("faults", {})),
         hook=parse_hook(data.get("hook", {})),
+        health=parse_probe_settings(data.get("health", {}), "health"),
         source=source,
     )
 

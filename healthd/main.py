@@ -14,6 +14,7 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.select import choose_backend
+from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
@@ -24,6 +25,8 @@ from healthd.faults import service as health_service
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.logs import configure_logging
+from healthd.probes import default_probes, xid_watcher
+from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
 from healthd.topology_wiring import build_topology
@@ -92,6 +95,12 @@ class Daemon:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
         self.faults = self.fault_runtime.engine  # the probes' sink: report(ProbeReport), event(Finding)
+        simulated = isinstance(self.backend, SimulatedBackend)
+        self.probes = ProbeRunner(
+            default_probes(config.health, state_dir=config.state_dir, simulated=simulated), self.faults, time.time
+        )
+        self.sampler.subscribe(self.probes.on_snapshot)
+        self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
             *default_collectors(),
@@ -127,6 +136,7 @@ class Daemon:
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
+        self.xid.start()
         self.topology.start()
 
     async def stop(self) -> None:
@@ -134,6 +144,7 @@ class Daemon:
         await self.grpc.stop()
         self.topology.stop()
         await asyncio.to_thread(self.http.stop)
+        await asyncio.to_thread(self.xid.stop)  # before the backend closes: it waits on the driver's event set
         await asyncio.to_thread(self.sampler.stop)
         await asyncio.to_thread(self.attribution.stop)
         await self.fault_runtime.stop()
