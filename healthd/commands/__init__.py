@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from healthd.commands import simulate
+from healthd.commands import alert_webhook, simulate
 
-COMMANDS = (simulate,)
+COMMANDS = (simulate, alert_webhook)
