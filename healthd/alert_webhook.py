@@ -1,9 +1,10 @@
 """Alertmanager webhook -> standby-replacement hook.
 
 Alertmanager's webhook receiver POSTs JSON (payload version 4) with a group of alerts. ``alerts_to_faults`` turns
-each firing alert that names an action into one fault report, a plain dict shaped like the hook's ReportFault
-request; a ``FaultForwarder`` delivers it. The HTTP status tells Alertmanager what to do: 200 delivered (or nothing
-to deliver), 400 a payload it must not resend, 503 the hook failed and Alertmanager should retry.
+each firing alert that names an action into one fault report, a plain dict with exactly the fields of the hook's
+``FaultReport`` message (ReplacementHook.ReportFault), so a gRPC forwarder builds the request with
+``FaultReport(**fault)``; a ``FaultForwarder`` delivers it. The HTTP status tells Alertmanager what to do: 200
+delivered (or nothing to deliver), 400 a payload it must not resend, 503 the hook failed and Alertmanager retries.
 
 Alertmanager re-sends a firing alert on every group change and repeat interval; ``fault_id`` is the same for every
 re-send of one firing (alert fingerprint + start time), so the hook can drop duplicates.
@@ -131,21 +132,29 @@ def alerts_to_faults(payload: object) -> Conversion:
         starts_at = _text(alert.get("startsAt"), f"{where}.startsAt")
         started = _timestamp(starts_at, f"{where}.startsAt")
         gpu_index = labels.get("gpu", "")
+        fault_id = f"alertmanager:{fingerprint or name}:{starts_at}"
+        evidence = {f"label.{k}": v for k, v in sorted(labels.items())}
+        evidence.update(alertname=name, receiver=receiver, runbook=annotations.get("runbook", ""))
         faults.append(
             {
-                "fault_id": f"alertmanager:{fingerprint or name}:{starts_at}",
-                "node": node,
+                "idempotency_key": fault_id,
+                "node_name": node,
+                "fault_id": fault_id,
+                "seq": 0,  # Alertmanager has no sequence; the hook dedups on idempotency_key
+                "check": labels.get("check", "alertmanager"),
                 "code": labels.get("code") or name,
-                "check": labels.get("check", ""),
                 "severity": severity,
                 "action": action,
+                "message": annotations.get("summary") or annotations.get("description") or name,
                 "gpu_index": int(gpu_index) if gpu_index.isdigit() else -1,
                 "gpu_uuid": labels.get("uuid", ""),
-                "message": annotations.get("summary") or annotations.get("description") or name,
-                "runbook": annotations.get("runbook", ""),
-                "started_at": started,
-                "source": f"alertmanager/{receiver}/{name}",
-                "labels": dict(sorted(labels.items())),
+                "pci_bus_id": labels.get("pci_bus_id", ""),
+                "evidence": evidence,
+                "first_seen": started,
+                "last_seen": started,
+                "count": 1,
+                "boot_id": "",
+                "fault_json": json.dumps(alert, sort_keys=True),
             }
         )
     return Conversion(tuple(faults), tuple(skipped))
@@ -193,7 +202,7 @@ def handle_payload(body: bytes, forwarder: FaultForwarder) -> Outcome:
         except ForwardError as exc:
             failed.append(f"{fault['fault_id']}: {exc}")
         else:
-            log.info("fault forwarded", fault_id=fault["fault_id"], node=fault["node"], action=fault["action"])
+            log.info("fault forwarded", fault_id=fault["fault_id"], node=fault["node_name"], action=fault["action"])
     if failed:
         log.warning("hook delivery failed", failures=failed)
         return Outcome(HTTPStatus.SERVICE_UNAVAILABLE, "hook unavailable: " + "; ".join(failed))
@@ -214,6 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(length_text)
         if length > MAX_BODY_BYTES:
+            if length <= 8 * MAX_BODY_BYTES:  # read it away so the client sees the answer, not a reset
+                remaining = length
+                while remaining > 0 and (chunk := self.rfile.read(min(65536, remaining))):
+                    remaining -= len(chunk)
             self._reply(Outcome(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY_BYTES} bytes"))
             self.close_connection = True
             return

@@ -24,6 +24,12 @@ from healthd.alert_webhook import (
     make_forwarder,
 )
 
+# the fields of FaultReport in proto/healthd/api/v1/hook.proto (ReplacementHook.ReportFault)
+FAULT_REPORT_FIELDS = (
+    "idempotency_key", "node_name", "fault_id", "seq", "check", "code", "severity", "action", "message",
+    "gpu_index", "gpu_uuid", "pci_bus_id", "evidence", "first_seen", "last_seen", "count", "boot_id", "fault_json",
+)  # fmt: skip
+
 
 def alert(status: str = "firing", **labels: str) -> dict[str, Any]:
     base = {
@@ -66,14 +72,17 @@ def test_firing_replace_node_alert_becomes_one_fault() -> None:
     result = alerts_to_faults(payload(alert()))
     assert result.skipped == ()
     (fault,) = result.faults
-    assert fault["node"] == "node7"
+    assert fault["node_name"] == "node7" and fault["idempotency_key"] == fault["fault_id"]
     assert fault["action"] == "replace_node" and fault["severity"] == "fatal"
     assert fault["code"] == "XpuGpuFallenOffBus"
     assert fault["gpu_index"] == 3 and fault["gpu_uuid"] == "GPU-3"
     assert fault["message"] == "GPU 3 on node7:9410 has fallen off the bus"
-    assert fault["runbook"] == "Replace the node."
-    assert fault["started_at"] == datetime(2026, 11, 29, 23, 10, 32, 123456, tzinfo=UTC).timestamp()
-    assert fault["source"] == "alertmanager/standby-replacement/XpuGpuFallenOffBus"
+    assert fault["evidence"]["runbook"] == "Replace the node."
+    assert fault["evidence"]["label.instance"] == "node7:9410"
+    assert json.loads(fault["fault_json"])["fingerprint"] == "7c2b5f0e9a1d3c44"
+    assert fault["first_seen"] == datetime(2026, 11, 29, 23, 10, 32, 123456, tzinfo=UTC).timestamp()
+    assert fault["evidence"]["receiver"] == "standby-replacement"
+    assert set(fault) == set(FAULT_REPORT_FIELDS)
 
 
 def test_fault_id_is_stable_across_resends_and_new_per_firing() -> None:
@@ -87,14 +96,14 @@ def test_fault_id_is_stable_across_resends_and_new_per_firing() -> None:
 
 def test_fault_code_and_node_labels_win() -> None:
     (fault,) = alerts_to_faults(payload(alert(alertname="XpuFatalXid", code="xid_79", node="gpu-node-7"))).faults
-    assert fault["code"] == "xid_79" and fault["node"] == "gpu-node-7"
+    assert fault["code"] == "xid_79" and fault["node_name"] == "gpu-node-7"
 
 
 @pytest.mark.parametrize(
     ("instance", "node"), [("10.0.0.5:9410", "10.0.0.5"), ("[fd00::5]:9410", "fd00::5"), ("node7", "node7")]
 )
 def test_node_from_instance(instance: str, node: str) -> None:
-    assert alerts_to_faults(payload(alert(instance=instance))).faults[0]["node"] == node
+    assert alerts_to_faults(payload(alert(instance=instance))).faults[0]["node_name"] == node
 
 
 def test_resolved_none_and_unknown_actions_are_skipped_with_reasons() -> None:
