@@ -92,3 +92,36 @@ def test_generated_unit_tests_are_up_to_date() -> None:
     assert (ALERTS / "tests" / "xpu-healthd.test.yml").read_text() == generate.text(), (
         "run python3 alerts/tests/generate.py"
     )
+
+
+needs_amtool = pytest.mark.skipif(
+    shutil.which("amtool") is None, reason="amtool (Debian: prometheus-alertmanager) missing"
+)
+AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
+
+
+@needs_amtool
+def test_alertmanager_example_is_valid() -> None:
+    result = subprocess.run(["amtool", "check-config", str(AM_EXAMPLE)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_amtool
+@pytest.mark.parametrize(
+    ("labels", "receivers"),
+    [
+        (["action=replace_node", "severity=fatal", "alertname=XpuGpuFallenOffBus"], "standby-replacement,ops"),
+        (["action=replace_node", "severity=fatal", "alertname=XpuFatalXid", "code=xid_79"], "standby-replacement,ops"),
+        (["action=restart_app", "severity=warning", "alertname=XpuApplicationXid", "code=xid_13"], "ops"),
+        (["action=reset_gpu", "severity=critical", "alertname=XpuGpuNvlinkDown"], "ops"),
+        (["action=reboot_node", "severity=fatal", "alertname=XpuDriverDown"], "ops"),
+    ],
+)
+def test_only_replace_node_alerts_route_to_the_hook(labels: list[str], receivers: str) -> None:
+    result = subprocess.run(
+        ["amtool", "config", "routes", "test", f"--config.file={AM_EXAMPLE}", *labels],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.stdout.strip() == receivers, result.stdout + result.stderr
