@@ -811,7 +811,7 @@ def health() -> dict[str, Any]:
             "Thermal and power slowdowns",
             [
                 t(
-                    f'xpu_gpu_clock_event_active{{{N}, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"}} == 1',
+                    f'xpu_gpu_clock_event_active{{{N}, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"}}',
                     "GPU {{gpu}} {{reason}}",
                 )
             ],
