@@ -36,6 +36,11 @@ class SamplerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ExporterSettings:
+    dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -43,6 +48,7 @@ class Config:
     simulate: str | None = None  # scenario name or file; None: real GPUs
     log_level: str = "info"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    exporter: ExporterSettings = field(default_factory=ExporterSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -96,14 +102,19 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler"}, "")
+    _check_keys(data, {"daemon", "sampler", "exporter"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
-    for name, table in (("daemon", daemon), ("sampler", sampler)):
+    exporter = data.get("exporter", {})
+    for name, table in (("daemon", daemon), ("sampler", sampler), ("exporter", exporter)):
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
     _check_keys(sampler, {"interval_seconds", "call_deadline_seconds"}, "sampler")
+    _check_keys(exporter, {"dcgm_compat"}, "exporter")
+    dcgm_compat = exporter.get("dcgm_compat", False)
+    if not isinstance(dcgm_compat, bool):
+        raise ConfigError(f"exporter.dcgm_compat: expected true or false, got {type(dcgm_compat).__name__}")
 
     metrics_listen = _string(daemon, "metrics_listen", "daemon.", DEFAULT_METRICS_LISTEN)
     try:
@@ -136,6 +147,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         simulate=simulate,
         log_level=log_level,
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
+        exporter=ExporterSettings(dcgm_compat=dcgm_compat),
         source=source,
     )
 

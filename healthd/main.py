@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -14,7 +16,8 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.select import choose_backend
-from exporter.collectors import SnapshotExporter, default_collectors
+from exporter.collectors import Collector, SnapshotExporter, default_collectors
+from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
@@ -72,6 +75,13 @@ def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
     return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
 
 
+def build_collectors(config: Config) -> list[Collector]:
+    collectors = default_collectors()
+    if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
+        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname()))
+    return collectors
+
+
 class Daemon:
     """Owns the components; start() brings them up in order, stop() takes them down in reverse."""
 
@@ -83,7 +93,7 @@ class Daemon:
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        self.registry.register(SnapshotExporter(self.sampler.latest, build_collectors(config)))
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
