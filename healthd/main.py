@@ -20,6 +20,7 @@ from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
+from exporter.status_page import StatusProviders, render_status_page
 from exporter.version import VERSION
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.logs import configure_logging
@@ -94,15 +95,23 @@ class Daemon:
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotExporter(self.sampler.latest, build_collectors(config)))
+        # health checks, faults and partitions on the status page: set by the components that own them
+        self.status_providers = StatusProviders()
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
             self.registry,
             health=lambda: snapshot_health(self.sampler, stale_after),
+            landing=self.status_page,
         )
         self.grpc = GrpcServer(
             config.grpc_addresses,
             [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+        )
+
+    def status_page(self) -> str:
+        return render_status_page(
+            self.sampler.latest(), providers=self.status_providers, hostname=socket.gethostname(), version=VERSION
         )
 
     async def start(self) -> None:
