@@ -109,10 +109,10 @@ class Process:
 
 
 class Stack:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, daemon_config: str = "") -> None:
         self.tmp = tmp
         (tmp / "daemon").mkdir(parents=True, exist_ok=True)
-        self.daemon = DaemonProcess(tmp / "daemon", interval=0.3, deadline=0.3)
+        self.daemon = DaemonProcess(tmp / "daemon", interval=0.3, deadline=0.3, extra_config=daemon_config)
         self.prom_port = free_port()
         self.am_port = free_port()
         self.hook_port = free_port()
