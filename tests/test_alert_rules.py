@@ -125,3 +125,9 @@ def test_only_replace_node_alerts_route_to_the_hook(labels: list[str], receivers
         check=False,
     )
     assert result.stdout.strip() == receivers, result.stdout + result.stderr
+
+
+def test_every_rule_is_listed_in_the_readme() -> None:
+    readme = (ALERTS / "README.md").read_text()
+    missing = [str(r["alert"]) for r in _rules() if f"| `{r['alert']}` |" not in readme]
+    assert not missing, f"alerts/README.md does not list {missing}"
