@@ -93,6 +93,11 @@ class HookSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ExporterSettings:
+    dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -105,6 +110,7 @@ class Config:
     faults: FaultsSettings = field(default_factory=FaultsSettings)
     hook: HookSettings = field(default_factory=HookSettings)
     health: ProbeSettings = field(default_factory=ProbeSettings)
+    exporter: ExporterSettings = field(default_factory=ExporterSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -158,14 +164,24 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "exporter"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
-    for name, table in (("daemon", daemon), ("sampler", sampler), ("faults", data.get("faults", {}))):
+    exporter = data.get("exporter", {})
+    for name, table in (
+        ("daemon", daemon),
+        ("sampler", sampler),
+        ("faults", data.get("faults", {})),
+        ("exporter", exporter),
+    ):
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
     _check_keys(sampler, {"interval_seconds", "call_deadline_seconds"}, "sampler")
+    _check_keys(exporter, {"dcgm_compat"}, "exporter")
+    dcgm_compat = exporter.get("dcgm_compat", False)
+    if not isinstance(dcgm_compat, bool):
+        raise ConfigError(f"exporter.dcgm_compat: expected true or false, got {type(dcgm_compat).__name__}")
 
     metrics_listen = _string(daemon, "metrics_listen", "daemon.", DEFAULT_METRICS_LISTEN)
     try:
@@ -203,6 +219,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         faults=parse_faults(data.get("faults", {})),
         hook=parse_hook(data.get("hook", {})),
         health=parse_probe_settings(data.get("health", {}), "health"),
+        exporter=ExporterSettings(dcgm_compat=dcgm_compat),
         source=source,
     )
 

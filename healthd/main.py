@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -15,9 +17,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.select import choose_backend
 from exporter.backends.simulated import SimulatedBackend
-from exporter.collectors import SnapshotExporter, default_collectors
+from exporter.collectors import Collector, SnapshotExporter, default_collectors
+from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
+from exporter.status_page import StatusProviders, render_status_page
 from exporter.version import VERSION
 from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
@@ -80,6 +84,13 @@ def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
     return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
 
 
+def build_collectors(config: Config) -> list[Collector]:
+    collectors = default_collectors()
+    if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
+        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname()))
+    return collectors
+
+
 class Daemon:
     """Owns the components; start() brings them up in order, stop() takes them down in reverse."""
 
@@ -103,17 +114,20 @@ class Daemon:
         self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
-            *default_collectors(),
+            *build_collectors(config),
             *self.attribution.collectors(),
             *self.topology.collectors,
             self.fault_runtime.collector,
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
+        # health checks, faults and partitions on the status page: set by the components that own them
+        self.status_providers = StatusProviders()
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
             self.registry,
             health=lambda: snapshot_health(self.sampler, stale_after),
+            landing=self.status_page,
         )
         self.grpc = GrpcServer(
             config.grpc_addresses,
@@ -122,6 +136,11 @@ class Daemon:
                 *self.topology.services,
                 Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
             ],
+        )
+
+    def status_page(self) -> str:
+        return render_status_page(
+            self.sampler.latest(), providers=self.status_providers, hostname=socket.gethostname(), version=VERSION
         )
 
     async def start(self) -> None:
