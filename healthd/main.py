@@ -20,6 +20,7 @@ from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.logs import configure_logging
+from healthd.partition.wiring import Partitions
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
 
@@ -82,8 +83,14 @@ class Daemon:
         self.backend_reason = choice.reason
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.partitions = (
+            Partitions(config.partitions, self.backend, config.state_dir, main_socket=_first_unix_socket(config))
+            if config.partitions.enabled
+            else None
+        )
+        collectors = [*default_collectors(), *([self.partitions.collector] if self.partitions else [])]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
@@ -92,7 +99,10 @@ class Daemon:
         )
         self.grpc = GrpcServer(
             config.grpc_addresses,
-            [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+            [
+                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
+                *([self.partitions.read_service] if self.partitions else []),
+            ],
         )
 
     async def start(self) -> None:
@@ -105,14 +115,22 @@ class Daemon:
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
+        if self.partitions is not None:
+            await self.partitions.start()
 
     async def stop(self) -> None:
         log.info("stopping")
         await self.grpc.stop()
+        if self.partitions is not None:
+            await self.partitions.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.sampler.stop)
         self.backend.close()
         log.info("stopped")
+
+
+def _first_unix_socket(config: Config) -> Path | None:
+    return next((Path(a[len("unix:") :]) for a in config.grpc_addresses if a.startswith("unix:")), None)
 
 
 def _add_simulation(servicer: object, server: object) -> None:
