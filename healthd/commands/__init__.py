@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from healthd.commands import simulate
+from healthd.commands import partitions, simulate
 
-COMMANDS = (simulate,)
+COMMANDS = (simulate, partitions)
