@@ -56,9 +56,7 @@ class Node:
             Store(self.state_file),
             MpsSupervisor(mps or SimulatedMpsControl(), self.root / "run"),
             CdiWriter(self.cdi_dir),
-            OwnerProbe(
-                proc_root=proc_root, cgroup_root=self.root / "cgroup", pod_exists=pod_exists, clock=self.clock
-            ),
+            OwnerProbe(proc_root=proc_root, cgroup_root=self.root / "cgroup", pod_exists=pod_exists, clock=self.clock),
             settings=settings or ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
             clock=self.clock,
             proc_root=proc_root,

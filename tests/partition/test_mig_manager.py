@@ -177,7 +177,9 @@ def test_restart_resolves_rows_left_in_flight(make_node: Callable[[str], Node]) 
         kept = await m1.create(req("6", compute=10))
         gone = await m1.create(req("6", compute=10))
         half = await m1.create(req("6", compute=10))
-        assert kept.mig and gone.mig and half.mig
+        assert kept.mig is not None
+        assert gone.mig is not None
+        assert half.mig is not None
         # crash points: an instance destroyed behind our back; a row whose create had not recorded its result;
         node.backend.destroy_mig_instance(6, gone.mig.gpu_instance_id)
         from dataclasses import replace

@@ -122,6 +122,7 @@ def test_concurrent_clients_never_overcommit(daemon: Daemon) -> None:
                 over.append(str(card))
 
     rejected: list[int] = []
+    codes: list[grpc.StatusCode] = []
 
     def client(i: int) -> list[str]:
         s = stub(daemon.admin)
@@ -131,7 +132,7 @@ def test_concurrent_clients_never_overcommit(daemon: Daemon) -> None:
             try:
                 made.append(s.CreatePartition(request, timeout=20).id)
             except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+                codes.append(exc.code())
                 rejected.append(i)
             if j % 3 == 2 and made:
                 s.DeletePartition(pb.DeletePartitionRequest(id=made.pop(0)), timeout=20)
@@ -144,6 +145,7 @@ def test_concurrent_clients_never_overcommit(daemon: Daemon) -> None:
     stop.set()
     watcher.join()
     assert over == []
+    assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
     card = stub(daemon.read).GetCapacity(pb.GetCapacityRequest(gpu="1"), timeout=20).cards[0]
     assert card.partitions == len(kept)
     assert card.compute_percent_allocated == 10 * len(kept) <= 100
@@ -195,13 +197,19 @@ def test_read_socket_refuses_writes(daemon: Daemon) -> None:
             {"gpu": "3", "owner": pb.Owner(container=pb.ContainerOwner(id="a" * 64, cgroup_path="../../etc"))},
             grpc.StatusCode.INVALID_ARGUMENT,
         ),
-        ({"gpu": "3", "owner": pb.Owner(pod=pb.PodOwner(namespace="Bad_NS", name="p", container="c"))},
-         grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            {"gpu": "3", "owner": pb.Owner(pod=pb.PodOwner(namespace="Bad_NS", name="p", container="c"))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
         ({"gpu": "3", "owner": pb.Owner(lease=pb.LeaseOwner(holder=""))}, grpc.StatusCode.INVALID_ARGUMENT),
-        ({"gpu": "3", "owner": pb.Owner(lease=pb.LeaseOwner(holder="h", ttl_seconds=-1))},
-         grpc.StatusCode.INVALID_ARGUMENT),
-        ({"gpu": "3", "owner": pb.Owner(lease=pb.LeaseOwner(holder="h", ttl_seconds=float("nan")))},
-         grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            {"gpu": "3", "owner": pb.Owner(lease=pb.LeaseOwner(holder="h", ttl_seconds=-1))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            {"gpu": "3", "owner": pb.Owner(lease=pb.LeaseOwner(holder="h", ttl_seconds=float("nan")))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
         ({"gpu": "6", "compute_percent": 0}, grpc.StatusCode.INVALID_ARGUMENT),  # MIG needs a size
     ],
 )
