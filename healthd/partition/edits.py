@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from healthd.partition.model import CardMode, PartitionRecord
+from healthd.partition.mps import mps_memory
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -60,6 +61,6 @@ def container_edits(
     if record.compute_percent:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(record.compute_percent)
     if record.memory_mib:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={record.memory_mib}M"
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_memory(record.memory_mib)}"
     mounts = (Mount(str(pipe_dir), str(pipe_dir)), Mount("/dev/shm", "/dev/shm"))
     return ContainerEdits(env=env, mounts=mounts, device_nodes=tuple(nodes))

@@ -25,6 +25,11 @@ log = structlog.get_logger("partition.mps")
 MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 
 
+def mps_memory(mib: int) -> str:
+    """MPS memory text: whole GiB as "2G" (the form measured on the H200), else MiB as "640M"."""
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
 @dataclass(frozen=True, slots=True)
 class MpsDaemonSpec:
     partition_id: str
@@ -49,7 +54,7 @@ class MpsDaemonSpec:
             commands.append(f"set_default_active_thread_percentage {self.active_thread_percentage}")
         if self.pinned_memory_mib:
             # device 0 is the one card CUDA_VISIBLE_DEVICES leaves visible to this daemon
-            commands.append(f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_mib}M")
+            commands.append(f"set_default_device_pinned_mem_limit 0 {mps_memory(self.pinned_memory_mib)}")
         return commands
 
 

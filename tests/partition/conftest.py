@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +15,10 @@ from healthd.partition.cdi import CdiWriter
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.service import PartitionsService
 from healthd.partition.store import Store
+from healthd.partition.wiring import SERVICE_NAME, add_partitions
+from healthd.server import GrpcServer, Service
 
 
 class FakeClock:
@@ -71,3 +76,57 @@ def make_node(tmp_path: Path) -> Callable[[str], Node]:
         return Node(root=tmp_path, backend=backend, clock=FakeClock())
 
     return make
+
+
+@dataclass
+class Daemon:
+    """A partition service on a real grpc.aio server (own event loop thread): admin and read-only sockets."""
+
+    admin: str
+    read: str
+    manager: PartitionManager
+    loop: asyncio.AbstractEventLoop
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = Path(tmp_path_factory.mktemp("svc"))
+    backend = SimulatedBackend.from_name("h200x8")
+    backend.open()
+    manager = PartitionManager(
+        backend,
+        Store(root / "state.sqlite"),
+        MpsSupervisor(SimulatedMpsControl(), root / "run"),
+        CdiWriter(root / "cdi"),
+        OwnerProbe(cgroup_root=root / "cg", clock=lambda: 0.0),
+        settings=ManagerSettings(owner_grace_seconds=3600),
+        clock=lambda: 0.0,
+    )
+    admin = GrpcServer(
+        [f"unix:{root}/a.sock"],
+        [Service(SERVICE_NAME, PartitionsService(manager, writable=True), add_partitions)],
+        socket_mode=0o600,
+    )
+    read = GrpcServer(
+        [f"unix:{root}/r.sock"], [Service(SERVICE_NAME, PartitionsService(manager, writable=False), add_partitions)]
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> None:
+        await manager.start()
+        await admin.start()
+        await read.start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    yield Daemon(f"unix:{root}/a.sock", f"unix:{root}/r.sock", manager, loop)
+
+    async def stop() -> None:
+        await admin.stop(0)
+        await read.stop(0)
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()

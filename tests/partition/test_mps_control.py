@@ -61,7 +61,7 @@ def test_start_sets_quota_defaults_then_quit(tmp_path: Path, fake_binary: tuple[
     assert [c["argv"] for c in got] == [["-d"], [], []]
     assert [c.get("stdin") for c in got[1:]] == [
         "set_default_active_thread_percentage 30",
-        "set_default_device_pinned_mem_limit 0 2048M",
+        "set_default_device_pinned_mem_limit 0 2G",
     ]
     assert {c["visible"] for c in got} == {"GPU-abc"}
     assert {c["pipe"] for c in got} == {str(tmp_path / "run" / "mps" / "p-1" / "pipe")}
@@ -99,3 +99,11 @@ def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
     spec = MpsSupervisor(control, tmp_path / "run").spec_for("p-4", "GPU-abc", 30, 0)
     with pytest.raises(MpsError, match="absent"):
         control.start(spec)
+
+
+def test_memory_text_forms() -> None:
+    from healthd.partition.mps import mps_memory
+
+    assert mps_memory(2048) == "2G"
+    assert mps_memory(640) == "640M"
+    assert mps_memory(1152) == "1152M"

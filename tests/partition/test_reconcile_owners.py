@@ -116,7 +116,7 @@ def test_dead_mps_daemons_are_restarted_with_their_quota(make_node: Callable[[st
         p = await m.create(CreateRequest(Owner(OwnerKind.LEASE, holder="h"), "2", 30, 2048, lease_ttl_seconds=600))
         assert mps.defaults(p.id) == {
             "set_default_active_thread_percentage": "30",
-            "set_default_device_pinned_mem_limit": "0 2048M",
+            "set_default_device_pinned_mem_limit": "0 2G",
         }
         mps.kill(p.id)
         assert mps.running() == set()

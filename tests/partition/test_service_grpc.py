@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,71 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.partition.cdi import CdiWriter
-from healthd.partition.manager import ManagerSettings, PartitionManager
-from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
-from healthd.partition.owners import OwnerProbe
-from healthd.partition.service import PartitionsService
-from healthd.partition.store import Store
-from healthd.partition.wiring import SERVICE_NAME, add_partitions
-from healthd.server import GrpcServer, Service
+from tests.partition.conftest import Daemon
 
 CARD_BYTES = 143771 * 2**20
-
-
-@dataclass
-class Daemon:
-    admin: str
-    read: str
-    manager: PartitionManager
-    loop: asyncio.AbstractEventLoop
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    root = Path(tmp_path_factory.mktemp("svc"))
-    backend = SimulatedBackend.from_name("h200x8")
-    backend.open()
-    manager = PartitionManager(
-        backend,
-        Store(root / "state.sqlite"),
-        MpsSupervisor(SimulatedMpsControl(), root / "run"),
-        CdiWriter(root / "cdi"),
-        OwnerProbe(cgroup_root=root / "cg", clock=lambda: 0.0),
-        settings=ManagerSettings(owner_grace_seconds=3600),
-        clock=lambda: 0.0,
-    )
-    admin = GrpcServer(
-        [f"unix:{root}/a.sock"],
-        [Service(SERVICE_NAME, PartitionsService(manager, writable=True), add_partitions)],
-        socket_mode=0o600,
-    )
-    read = GrpcServer(
-        [f"unix:{root}/r.sock"], [Service(SERVICE_NAME, PartitionsService(manager, writable=False), add_partitions)]
-    )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> None:
-        await manager.start()
-        await admin.start()
-        await read.start()
-
-    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield Daemon(f"unix:{root}/a.sock", f"unix:{root}/r.sock", manager, loop)
-
-    async def stop() -> None:
-        await admin.stop(0)
-        await read.stop(0)
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
 
 
 def stub(address: str) -> Any:
