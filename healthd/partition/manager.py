@@ -25,7 +25,7 @@ from healthd.partition.cdi import CdiWriter, device_name
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, not_found, precondition, unavailable
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
-from healthd.partition.mps import MpsError, MpsSupervisor
+from healthd.partition.mps import MpsDaemonSpec, MpsError, MpsSupervisor
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
 from healthd.partition.store import Store
@@ -461,10 +461,7 @@ class PartitionManager:
             record = replace(record, state=State.DELETING)
             self._save(record)
         if record.mode is CardMode.TDM:
-            await asyncio.to_thread(self.mps.release, record.id)
-            if record.id not in self.mps.known():
-                # after a restart the supervisor does not know it yet: stop by spec
-                await asyncio.to_thread(self.mps.control.stop, self._mps_spec(record))
+            await asyncio.to_thread(self.mps.release, self._mps_spec(record))
         elif record.mig and record.mig.uuid:
             deadline = self.clock() + retry_s
             delay = 0.05
@@ -554,7 +551,7 @@ class PartitionManager:
                 return info.index
         raise not_found(f"gpu: no GPU with UUID {ref!r}")
 
-    def _mps_spec(self, record: PartitionRecord) -> Any:
+    def _mps_spec(self, record: PartitionRecord) -> MpsDaemonSpec:
         return self.mps.spec_for(record.id, record.gpu_uuid, record.compute_percent, record.memory_mib)
 
     def _insert(self, record: PartitionRecord) -> None:

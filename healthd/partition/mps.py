@@ -241,11 +241,10 @@ class MpsSupervisor:
         with self._lock:
             self._specs[spec.partition_id] = spec
 
-    def release(self, partition_id: str) -> None:
+    def release(self, spec: MpsDaemonSpec) -> None:
+        """Stop the partition's daemon (known to us or not, as after a restart) and remove its directories."""
         with self._lock:
-            spec = self._specs.pop(partition_id, None)
-        if spec is None:
-            return
+            self._specs.pop(spec.partition_id, None)
         self.control.stop(spec)
         shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
 
