@@ -114,7 +114,7 @@ class PartitionManager:
         self._modes: dict[int, CardMode] = {}
         self._records: dict[str, PartitionRecord] = {}
         self._card_locks: dict[int, asyncio.Lock] = {}
-        self._request_locks: dict[str, asyncio.Lock] = {}
+        self._request_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, callers holding it)
         self.reclaimed_total = 0
         self._view = View(partitions=(), cards=())
 
@@ -243,7 +243,9 @@ class PartitionManager:
             raise invalid("ttl_seconds applies only to lease owners")
         if not request.request_id:
             return await self._create(request)
-        lock = self._request_locks.setdefault(request.request_id, asyncio.Lock())
+        rid = request.request_id
+        lock, users = self._request_locks.get(rid, (asyncio.Lock(), 0))
+        self._request_locks[rid] = (lock, users + 1)
         try:
             async with lock:
                 existing = self.store.by_request_id(request.request_id)
@@ -257,8 +259,11 @@ class PartitionManager:
                     return existing
                 return await self._create(request)
         finally:
-            if not lock.locked() and not getattr(lock, "_waiters", None):
-                self._request_locks.pop(request.request_id, None)
+            lock, users = self._request_locks[rid]
+            if users == 1:
+                del self._request_locks[rid]
+            else:
+                self._request_locks[rid] = (lock, users - 1)
 
     async def _create(self, request: CreateRequest) -> PartitionRecord:
         owner = request.owner
