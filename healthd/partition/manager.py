@@ -465,6 +465,7 @@ class PartitionManager:
         if record.state is not State.DELETING:
             record = replace(record, state=State.DELETING)
             self._save(record)
+            self._write_cdi()  # no new container gets a partition that is going away
         if record.mode is CardMode.TDM:
             await asyncio.to_thread(self.mps.release, self._mps_spec(record))
         elif record.mig and record.mig.uuid:
