@@ -528,8 +528,8 @@ class PartitionManager:
             log.info("owner gone; reclaiming partition", partition=record.id, owner=record.owner.describe())
             async with self._card_locks[record.gpu]:
                 current = self._records.get(record.id)
-                if current is None:
-                    continue
+                if current != record:
+                    continue  # deleted or changed (a lease renewed) since the check: look again next pass
                 try:
                     done = await self._teardown(current, retry_s=0.0, raise_in_use=False)
                 except PartitionError as exc:
@@ -539,6 +539,13 @@ class PartitionManager:
                     self.reclaimed_total += 1
                     reclaimed.append(record.id)
         await asyncio.to_thread(self.mps.check)
+        for gpu, mode in self._modes.items():
+            if mode is CardMode.MIG:
+                async with self._card_locks[gpu]:
+                    try:
+                        await self._refresh_foreign(gpu)  # an operator may have made or removed instances
+                    except PartitionError as exc:
+                        log.warning("cannot list MIG instances", gpu=gpu, error=exc.message)
         return reclaimed
 
     # ----- helpers -----------------------------------------------------------------------------------------

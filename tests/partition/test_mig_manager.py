@@ -228,3 +228,20 @@ def test_mode_cannot_change_with_partitions(make_node: Callable[[str], Node]) ->
         assert (await m.set_mode("1", CardMode.NONE)).mode is CardMode.NONE
 
     asyncio.run(go())
+
+
+def test_reconcile_notices_instances_an_operator_made(make_node: Callable[[str], Node]) -> None:
+    async def go() -> None:
+        node = make_node("h200x8")
+        m = await started(node)
+        await m.set_mode("6", CardMode.MIG)
+        assert m.capacity("6")[0].foreign == ()
+        by_hand = node.backend.create_mig_instance(6, 0, 0)  # 7g.141gb: the whole card
+        await m.reconcile()
+        assert [i.uuid for i in m.capacity("6")[0].foreign] == [by_hand.uuid]
+        with pytest.raises(PartitionError) as err:
+            await m.create(req("6", compute=10))
+        assert err.value.kind is Kind.EXHAUSTED
+        assert [i.uuid for i in node.backend.mig_instances(6)] == [by_hand.uuid]
+
+    asyncio.run(go())
