@@ -194,6 +194,14 @@ def parse_partitions(table: Any) -> PartitionSettings:
     enabled = table.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError("partitions.enabled: expected true or false")
+    admin_group = _string(table, "admin_group", "partitions.", "")
+    if admin_group:
+        import grp
+
+        try:
+            grp.getgrnam(admin_group)
+        except KeyError:
+            raise ConfigError(f"partitions.admin_group: no group named {admin_group!r} on this host") from None
     mps = _string(table, "mps", "partitions.", "auto")
     if mps not in ("auto", "nvidia", "simulated"):
         raise ConfigError(f"partitions.mps: must be auto, nvidia or simulated, got {mps!r}")
@@ -202,7 +210,7 @@ def parse_partitions(table: Any) -> PartitionSettings:
         cdi_dir=path("cdi_dir"),
         runtime_dir=path("runtime_dir"),
         admin_socket=path("admin_socket"),
-        admin_group=_string(table, "admin_group", "partitions.", ""),
+        admin_group=admin_group,
         mps=mps,
         reconcile_interval_seconds=_number(
             table, "reconcile_interval_seconds", "partitions", 10.0, minimum=0.1, maximum=3600

@@ -26,7 +26,7 @@ def test_partitions_section_parses() -> None:
             "partitions": {
                 "cdi_dir": "/etc/cdi",
                 "runtime_dir": "/run/xrk",
-                "admin_group": "xpu-admin",
+                "admin_group": "root",
                 "mps": "nvidia",
                 "reconcile_interval_seconds": 5,
                 "lease_default_seconds": 120,
@@ -35,7 +35,7 @@ def test_partitions_section_parses() -> None:
     )
     p = cfg.partitions
     assert (p.cdi_dir, p.runtime_dir) == (Path("/etc/cdi"), Path("/run/xrk"))
-    assert (p.admin_group, p.mps) == ("xpu-admin", "nvidia")
+    assert (p.admin_group, p.mps) == ("root", "nvidia")
     assert p.reconcile_interval_seconds == 5.0
     assert p.admin_socket is None
     assert parse_config({}).partitions.enabled is True
@@ -49,6 +49,7 @@ def test_partitions_section_parses() -> None:
         ({"mps": "maybe"}, "partitions.mps: must be auto, nvidia or simulated"),
         ({"reconcile_interval_seconds": 0}, "partitions.reconcile_interval_seconds: must be between"),
         ({"enabled": "yes"}, "partitions.enabled: expected true or false"),
+        ({"admin_group": "no-such-group-xyz"}, "partitions.admin_group: no group named"),
     ],
 )
 def test_partitions_section_errors(table: dict[str, object], message: str) -> None:
