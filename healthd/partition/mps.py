@@ -237,7 +237,11 @@ class MpsSupervisor:
     def ensure(self, spec: MpsDaemonSpec) -> None:
         """Start the daemon unless it already runs (as after a restart of ours, when it kept running)."""
         if not self.control.alive(spec):
-            self.control.start(spec)
+            try:
+                self.control.start(spec)
+            except MpsError:
+                shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
+                raise
         with self._lock:
             self._specs[spec.partition_id] = spec
 

@@ -96,9 +96,12 @@ def test_failed_default_stops_the_daemon(
 
 def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
     control = NvidiaMpsControl(str(tmp_path / "absent"))
-    spec = MpsSupervisor(control, tmp_path / "run").spec_for("p-4", "GPU-abc", 30, 0)
+    sup = MpsSupervisor(control, tmp_path / "run")
+    spec = sup.spec_for("p-4", "GPU-abc", 30, 0)
     with pytest.raises(MpsError, match="absent"):
-        control.start(spec)
+        sup.ensure(spec)
+    assert not (tmp_path / "run" / "mps" / "p-4").exists()  # nothing left behind
+    assert sup.known() == set()
 
 
 def test_memory_text_forms() -> None:
