@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from healthd.partition.errors import PartitionError
+from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings
 from healthd.partition.model import CardMode, Owner, OwnerKind
-from healthd.partition.mps import SimulatedMpsControl
+from healthd.partition.mps import MpsDaemonSpec, MpsError, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from tests.partition.conftest import FakeClock, Node
 
@@ -127,5 +127,27 @@ def test_dead_mps_daemons_are_restarted_with_their_quota(make_node: Callable[[st
         await m.delete(p.id)
         assert mps.running() == set()
         assert not (node.root / "run" / "mps" / p.id).exists()
+
+    asyncio.run(go())
+
+
+class _BrokenMps(SimulatedMpsControl):
+    def start(self, spec: MpsDaemonSpec) -> None:
+        raise MpsError("nvidia-cuda-mps-control -d failed (1): simulated failure")
+
+
+def test_mps_failure_is_unavailable_and_leaves_nothing(make_node: Callable[[str], Node]) -> None:
+    async def go() -> None:
+        node = make_node("h200x8")
+        m = node.manager(mps=_BrokenMps())
+        await m.start()
+        await m.set_mode("2", CardMode.TDM)
+        with pytest.raises(PartitionError) as err:
+            await m.create(CreateRequest(Owner(OwnerKind.LEASE, holder="h"), "2", 30, 0))
+        assert err.value.kind is Kind.UNAVAILABLE
+        assert "simulated failure" in err.value.message
+        assert m.list_partitions() == []
+        assert m.store.all() == []
+        assert m.capacity("2")[0].compute_percent_allocated == 0
 
     asyncio.run(go())
