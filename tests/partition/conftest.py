@@ -55,6 +55,7 @@ class Node:
         pod_exists: PodExists | None = None,
         settings: ManagerSettings | None = None,
         proc_root: Path = Path("/proc"),
+        new_id: Callable[[], str] | None = None,
     ) -> PartitionManager:
         return PartitionManager(
             self.backend,
@@ -65,6 +66,7 @@ class Node:
             settings=settings or ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
             clock=self.clock,
             proc_root=proc_root,
+            **({"new_id": new_id} if new_id else {}),
         )
 
 

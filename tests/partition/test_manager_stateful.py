@@ -4,6 +4,7 @@ restarts and reconcile passes keeps every invariant: no over-commit, store = mem
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -34,12 +35,13 @@ class PartitionMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.mps = SimulatedMpsControl()
         self.foreign = {i.uuid for i in backend.mig_instances(7)}
+        self.ids = itertools.count(1)  # deterministic ids keep "pick" reproducible when hypothesis replays
         self.manager = self._start()
         self.busy_pid = 90000
 
     def _start(self) -> PartitionManager:
         limits = ManagerSettings(owner_grace_seconds=0, destroy_retry_seconds=0, lease_max_seconds=600)
-        m = self.node.manager(mps=self.mps, settings=limits)
+        m = self.node.manager(mps=self.mps, settings=limits, new_id=lambda: f"p-{next(self.ids):06d}")
         self.loop.run_until_complete(m.start())
         return m
 
@@ -111,7 +113,7 @@ class PartitionMachine(RuleBasedStateMachine):
 
     @rule()
     def mps_daemon_dies(self) -> None:
-        for pid in list(self.mps.running())[:1]:
+        for pid in sorted(self.mps.running())[:1]:
             self.mps.kill(pid)
 
     @rule()
