@@ -98,6 +98,27 @@ class ExporterSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionSettings:
+    """[partitions]: where CDI specs and MPS pipes go, how often owners are checked, the admin socket.
+
+    Unset paths are chosen at start: runtime_dir next to the main gRPC socket, the admin socket in runtime_dir,
+    cdi_dir /var/run/cdi on real GPUs and <state_dir>/cdi on a simulated node (fake devices stay out of the
+    system's CDI directories).
+    """
+
+    enabled: bool = True
+    cdi_dir: Path | None = None
+    runtime_dir: Path | None = None  # MPS pipe and log directories live under <runtime_dir>/mps/<partition id>/
+    admin_socket: Path | None = None
+    admin_group: str = ""  # group allowed on the admin socket (mode 0660); empty: owner only (mode 0600)
+    mps: str = "auto"  # auto: the NVIDIA binary on real GPUs, the simulated control on --simulate; nvidia; simulated
+    reconcile_interval_seconds: float = 10.0
+    lease_default_seconds: float = 300.0
+    owner_grace_seconds: float = 60.0
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -111,6 +132,7 @@ class Config:
     hook: HookSettings = field(default_factory=HookSettings)
     health: ProbeSettings = field(default_factory=ProbeSettings)
     exporter: ExporterSettings = field(default_factory=ExporterSettings)
+    partitions: PartitionSettings = field(default_factory=PartitionSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -161,10 +183,13 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
     return value
 
 
+SECTIONS = {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "exporter", "partitions"}
+
+
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "exporter"}, "")
+    _check_keys(data, SECTIONS, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     exporter = data.get("exporter", {})
@@ -220,6 +245,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         hook=parse_hook(data.get("hook", {})),
         health=parse_probe_settings(data.get("health", {}), "health"),
         exporter=ExporterSettings(dcgm_compat=dcgm_compat),
+        partitions=parse_partitions(data.get("partitions", {})),
         source=source,
     )
 
@@ -382,6 +408,64 @@ def parse_hook(table: Any) -> HookSettings:
         timeout_seconds=_number(table, "timeout_seconds", "hook", d.timeout_seconds, minimum=0.1, maximum=3600),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
+    )
+
+
+PARTITION_KEYS = {
+    "enabled",
+    "cdi_dir",
+    "runtime_dir",
+    "admin_socket",
+    "admin_group",
+    "mps",
+    "reconcile_interval_seconds",
+    "lease_default_seconds",
+    "owner_grace_seconds",
+    "cgroup_root",
+}
+
+
+def parse_partitions(table: Any) -> PartitionSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("partitions: expected a table ([partitions])")
+    _check_keys(table, PARTITION_KEYS, "partitions")
+    d = PartitionSettings()
+
+    def path(key: str) -> Path | None:
+        if key not in table:
+            return None
+        value = _string(table, key, "partitions.", "")
+        if not Path(value).is_absolute():
+            raise ConfigError(f"partitions.{key}: must be an absolute path, got {value!r}")
+        return Path(value)
+
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError("partitions.enabled: expected true or false")
+    admin_group = _string(table, "admin_group", "partitions.", "")
+    if admin_group:
+        import grp
+
+        try:
+            grp.getgrnam(admin_group)
+        except KeyError:
+            raise ConfigError(f"partitions.admin_group: no group named {admin_group!r} on this host") from None
+    mps = _string(table, "mps", "partitions.", "auto")
+    if mps not in ("auto", "nvidia", "simulated"):
+        raise ConfigError(f"partitions.mps: must be auto, nvidia or simulated, got {mps!r}")
+    return PartitionSettings(
+        enabled=enabled,
+        cdi_dir=path("cdi_dir"),
+        runtime_dir=path("runtime_dir"),
+        admin_socket=path("admin_socket"),
+        admin_group=admin_group,
+        mps=mps,
+        reconcile_interval_seconds=_number(
+            table, "reconcile_interval_seconds", "partitions", 10.0, minimum=0.1, maximum=3600
+        ),
+        lease_default_seconds=_number(table, "lease_default_seconds", "partitions", 300.0, minimum=1, maximum=86400),
+        owner_grace_seconds=_number(table, "owner_grace_seconds", "partitions", 60.0, minimum=0, maximum=3600),
+        cgroup_root=path("cgroup_root") or d.cgroup_root,
     )
 
 

@@ -29,6 +29,7 @@ from healthd.faults import service as health_service
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.logs import configure_logging
+from healthd.partition.wiring import Partitions
 from healthd.probes import default_probes, xid_watcher
 from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
@@ -112,12 +113,18 @@ class Daemon:
         )
         self.sampler.subscribe(self.probes.on_snapshot)
         self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
+        self.partitions = (
+            Partitions(config.partitions, self.backend, config.state_dir, main_socket=_first_unix_socket(config))
+            if config.partitions.enabled
+            else None
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
             *build_collectors(config),
             *self.attribution.collectors(),
             *self.topology.collectors,
             self.fault_runtime.collector,
+            *([self.partitions.collector] if self.partitions else []),
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         # health checks, faults and partitions on the status page: set by the components that own them
@@ -135,6 +142,7 @@ class Daemon:
                 Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
                 *self.topology.services,
                 Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
+                *([self.partitions.read_service] if self.partitions else []),
             ],
         )
 
@@ -157,10 +165,14 @@ class Daemon:
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
         self.xid.start()
         self.topology.start()
+        if self.partitions is not None:
+            await self.partitions.start()
 
     async def stop(self) -> None:
         log.info("stopping")
         await self.grpc.stop()
+        if self.partitions is not None:
+            await self.partitions.stop()
         self.topology.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.xid.stop)  # before the backend closes: it waits on the driver's event set
@@ -169,6 +181,10 @@ class Daemon:
         await self.fault_runtime.stop()
         self.backend.close()
         log.info("stopped")
+
+
+def _first_unix_socket(config: Config) -> Path | None:
+    return next((Path(a[len("unix:") :]) for a in config.grpc_addresses if a.startswith("unix:")), None)
 
 
 def _add_simulation(servicer: object, server: object) -> None:

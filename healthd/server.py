@@ -29,7 +29,16 @@ class Service:
 
 
 class GrpcServer:
-    def __init__(self, addresses: Sequence[str], services: Sequence[Service]) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        services: Sequence[Service],
+        *,
+        socket_mode: int = SOCKET_MODE,
+        socket_group: int | None = None,
+    ) -> None:
+        self._socket_mode = socket_mode
+        self._socket_group = socket_group
         self._addresses = tuple(addresses)
         self._services = tuple(services)
         self._server: grpc.aio.Server | None = None
@@ -52,7 +61,9 @@ class GrpcServer:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
         await server.start()
         for path in self._sockets:
-            os.chmod(path, SOCKET_MODE)
+            os.chmod(path, self._socket_mode)
+            if self._socket_group is not None:
+                os.chown(path, -1, self._socket_group)
         for name in ["", *names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
