@@ -38,6 +38,7 @@ MODULES: tuple[tuple[str, str, str], ...] = (
     ("bench.sampler_bench", "sampler CPU per GPU per cycle", ""),
     ("bench.metrics_bench", "/metrics latency, series, body size", ""),
     ("bench.daemon_bench", "daemon process: CPU share, RSS, /metrics", ""),
+    ("bench.nvml_overhead", "real NVML: backend and sampler vs the raw calls", ""),
     ("bench.fault_latency_bench", "fault -> subscriber and fault -> hook latency", "health/faults branch (issue 4)"),
     ("bench.partition_bench", "partition create/delete latency", "partitions branch (issue 5)"),
     ("bench.attribution_bench", "/metrics with pods and containers", "attribution branch (issue 3)"),

@@ -5,16 +5,19 @@ These check that the suite measures what it says (right node, right process, rig
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import time
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
 
-from bench import run_all
+from bench import nvml_overhead, run_all
 from bench.common import BenchArgs, Row, SkipBench, percentile, proc_cpu_seconds, proc_status_kib
+from bench.nvml_overhead import CallRecorder, replay
 from bench.scenarios import scaled, scaled_data, to_toml, write_scenario
 from exporter.backends.scenario import load_scenario, parse_scenario
 from exporter.backends.simulated import SimulatedBackend
@@ -149,3 +152,62 @@ def test_table_puts_gpu_counts_in_columns_and_processes_per_gpu_in_rows() -> Non
     assert flat[1][2:7] == ["10/gpu", "-", "|", "2.00", "20"]
     absent = run_all.format_table([run_all.Outcome("m", "partition", "what", status="absent", detail="not here")])
     assert "ABSENT - not here" in absent
+
+
+def test_call_recorder_keeps_top_level_calls_and_restores_the_module() -> None:
+    fake = types.ModuleType("fake_nvml")
+
+    class FakeError(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def nvml_inner(x: int) -> int:
+        seen.append(f"inner{x}")
+        return x
+
+    def nvml_outer(x: int) -> int:
+        seen.append(f"outer{x}")
+        return fake.nvml_inner(x) + 1
+
+    def nvml_fails() -> None:
+        seen.append("fails")
+        raise FakeError
+
+    fake.nvml_inner, fake.nvml_outer, fake.nvml_fails = nvml_inner, nvml_outer, nvml_fails
+    fake.NVML_CONSTANT = 7
+    recorder = CallRecorder(fake)
+    with recorder.recording() as calls:
+        assert fake.nvml_outer(1) == 2
+        fake.nvml_inner(5)
+        with pytest.raises(FakeError):
+            fake.nvml_fails()
+    assert [(c.name, c.args) for c in calls] == [("nvml_outer", (1,)), ("nvml_inner", (5,)), ("nvml_fails", ())]
+    assert fake.nvml_outer is nvml_outer and fake.nvml_inner is nvml_inner  # restored
+    seen.clear()
+    replay(calls, FakeError)  # the same calls again, errors caught as the backend catches them
+    assert seen == ["outer1", "inner1", "inner5", "fails"]
+
+
+def test_nvml_overhead_skips_without_a_driver() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        with pytest.raises(SkipBench, match="driver"):
+            nvml_overhead.measure(1)
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present: bench/nvml_overhead.py measures for real there")
+
+
+def test_call_recorder_keeps_signatures_the_backend_inspects() -> None:
+    fake = types.ModuleType("fake_nvml")
+
+    def nvml_list(device: int, profile: int, items: list[int], count: list[int]) -> None:
+        return None
+
+    fake.nvml_list = nvml_list
+    with CallRecorder(fake).recording():
+        assert list(inspect.signature(fake.nvml_list).parameters) == ["device", "profile", "items", "count"]
