@@ -32,7 +32,15 @@ REPO = Path(__file__).resolve().parent.parent
 SCRAPE_EVERY_SECONDS = 15.0
 BURST_SCRAPES = 50
 READY_TIMEOUT_SECONDS = 120.0
+GPUS = re.compile(r"^xpu_gpus ([0-9.e+]+)$", re.MULTILINE)
 CALLS_SAMPLE = re.compile(r'^xpu_backend_calls_total\{call="sample"\} ([0-9.e+]+)$', re.MULTILINE)
+
+
+def _optional_status(pid: int, key: str) -> float:
+    try:
+        return float(proc_status_kib(pid, key))
+    except KeyError:
+        return float("nan")
 
 
 def free_port() -> int:
@@ -43,9 +51,13 @@ def free_port() -> int:
 
 @dataclass
 class DaemonRun:
+    """One xpu-healthd process. ``gpus=0`` with ``real=True``: the real driver, GPU count read from /metrics."""
+
     gpus: int
     processes_per_gpu: int
     root: Path
+    interval: float | None = None  # None: the default (5 s), no config file
+    real: bool = False  # real NVML: a config file is given, so the daemon cannot fall back to a simulation
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     cpu_ready: float = 0.0
@@ -58,7 +70,7 @@ class DaemonRun:
     cycles1: float = 0.0
     rss_mib: float = 0.0
     hwm_mib: float = 0.0
-    threads: int = 0
+    threads: float = 0.0
 
     @property
     def log(self) -> Path:
@@ -66,13 +78,15 @@ class DaemonRun:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        scenario = write_scenario(self.root / "scenario.toml", self.gpus, self.processes_per_gpu)
-        args = [
-            sys.executable,
-            "-m",
-            "healthd",
-            "--simulate",
-            str(scenario),
+        args = [sys.executable, "-m", "healthd"]
+        if not self.real:
+            scenario = write_scenario(self.root / "scenario.toml", self.gpus, self.processes_per_gpu)
+            args += ["--simulate", str(scenario)]
+        if self.real or self.interval is not None:
+            config = self.root / "healthd.toml"
+            config.write_text("" if self.interval is None else f"[sampler]\ninterval_seconds = {self.interval}\n")
+            args += ["--config", str(config)]
+        args += [
             "--metrics-listen",
             f"127.0.0.1:{self.port}",
             "--grpc-listen",
@@ -83,6 +97,19 @@ class DaemonRun:
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
+
+    def metrics_text(self) -> str:
+        status, body, _ = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"daemon ({self.gpus} GPUs): /metrics answered {status}")
+        return body.decode()
+
+    def discover_gpus(self) -> int:
+        m = GPUS.search(self.metrics_text())
+        if m is None:
+            raise RuntimeError("daemon: no xpu_gpus in /metrics")
+        self.gpus = int(float(m.group(1)))
+        return self.gpus
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -106,11 +133,10 @@ class DaemonRun:
 
     def cycles(self) -> float:
         """Sampling cycles so far: per-card ``sample`` calls over the card count."""
-        status, body, _ = self.get("/metrics")
-        m = CALLS_SAMPLE.search(body.decode())
-        if status != 200 or m is None:
+        m = CALLS_SAMPLE.search(self.metrics_text())
+        if m is None:
             raise RuntimeError(f"daemon ({self.gpus} GPUs): no xpu_backend_calls_total{{call=sample}} in /metrics")
-        return float(m.group(1)) / self.gpus
+        return float(m.group(1)) / max(self.gpus, 1)
 
     def begin(self) -> None:
         assert self.proc is not None
@@ -129,8 +155,9 @@ class DaemonRun:
         assert self.proc is not None
         pid = self.proc.pid
         self.cpu1, self.t1 = proc_cpu_seconds(pid), time.monotonic()
-        self.rss_mib, self.hwm_mib = proc_status_kib(pid, "VmRSS") / 1024, proc_status_kib(pid, "VmHWM") / 1024
-        self.threads = proc_status_kib(pid, "Threads")  # a plain count on that line
+        self.rss_mib = proc_status_kib(pid, "VmRSS") / 1024
+        self.hwm_mib = _optional_status(pid, "VmHWM") / 1024  # some sandboxes' /proc leave these out
+        self.threads = _optional_status(pid, "Threads")  # a plain count on that line
         self.cycles1 = self.cycles()
 
     def rows(self) -> list[Row]:
@@ -138,13 +165,13 @@ class DaemonRun:
         burst = [self.get("/metrics", headers)[2] for _ in range(BURST_SCRAPES)]
         cpu, wall, cycles = self.cpu1 - self.cpu0, self.t1 - self.t0, self.cycles1 - self.cycles0
         g, procs = self.gpus, self.gpus * self.processes_per_gpu
-        window = f"5 s interval, {wall:.0f} s window, {len(self.scrapes)} scrapes"
+        window = f"{self.interval or 5:g} s interval, {wall:.0f} s window, {len(self.scrapes)} scrapes"
         return [
             Row("daemon CPU share of one core", "%", cpu / wall * 100, g, procs, note=window),
             Row("  CPU per sampling cycle, scrapes included", "ms", cpu / max(cycles, 1) * 1e3, g, procs),
             Row("daemon resident memory (RSS)", "MiB", self.rss_mib, g, procs),
             Row("  peak RSS (VmHWM)", "MiB", self.hwm_mib, g, procs),
-            Row("  threads", "", float(self.threads), g, procs),
+            Row("  threads", "", self.threads, g, procs),
             Row("  CPU to start (imports, first cycle)", "s", self.cpu_ready, g, procs),
             Row("daemon /metrics p50 (real process)", "ms", median(burst) * 1e3, g, procs, note="back to back"),
             Row("daemon /metrics p99 (real process)", "ms", percentile(burst, 0.99) * 1e3, g, procs),

@@ -139,7 +139,8 @@ def machine() -> str:
     except OSError:
         pass
     python = platform.python_version()
-    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {python}"
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{load}, Linux {platform.release()}, Python {python}"
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
@@ -196,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     args = build_args(ns)
+    host = machine()  # load average before the suite adds its own
     started = time.time()
     outcomes = []
     for module, what, origin in MODULES:
@@ -208,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes.append(outcome)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
     took = time.time() - started
-    print(f"xpu-runtime-kit benchmarks, {when}, {machine()}")
+    print(f"xpu-runtime-kit benchmarks, {when}, {host}")
     print(f"simulated H200 nodes (bench/scenarios.py); {'--quick, ' if args.quick else ''}took {took:.0f} s")
     print("procs/pods: per GPU on the node; columns: GPUs on the node")
     print(format_table(outcomes))
@@ -217,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps(
                 {
                     "when": when,
-                    "machine": machine(),
+                    "machine": host,
                     "args": {k: str(v) for k, v in dataclasses.asdict(args).items()},
                     "outcomes": [dataclasses.asdict(o) for o in outcomes],
                 },
