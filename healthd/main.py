@@ -29,6 +29,7 @@ from healthd.faults import service as health_service
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.logs import configure_logging
+from healthd.partition.planner import topology_aware
 from healthd.partition.wiring import Partitions
 from healthd.probes import default_probes, xid_watcher
 from healthd.probes.runner import ProbeRunner
@@ -114,7 +115,14 @@ class Daemon:
         self.sampler.subscribe(self.probes.on_snapshot)
         self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
         self.partitions = (
-            Partitions(config.partitions, self.backend, config.state_dir, main_socket=_first_unix_socket(config))
+            Partitions(
+                config.partitions,
+                self.backend,
+                config.state_dir,
+                main_socket=_first_unix_socket(config),
+                pod_exists=self.attribution.kubelet.pod_exists,
+                order_any=topology_aware(self.topology.first_card),
+            )
             if config.partitions.enabled
             else None
         )

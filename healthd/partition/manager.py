@@ -97,6 +97,7 @@ class PartitionManager:
         clock: Callable[[], float],
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
+        order_any: planner.CardOrder = planner.pick_card,
     ) -> None:
         self.backend = backend
         self.store = store
@@ -104,6 +105,7 @@ class PartitionManager:
         self.cdi = cdi
         self.owners = owners
         self.settings = settings
+        self._order_any = order_any
         self.clock = clock
         self._new_id = new_id
         self._proc_root = proc_root
@@ -289,7 +291,7 @@ class PartitionManager:
         if not candidates:
             raise precondition("no card is in TDM or MIG mode; set a card's mode first (xpuctl partitions mode)")
         last: PartitionError | None = None
-        for gpu in planner.pick_card(candidates, quota):
+        for gpu in self._order_any(candidates, quota):
             async with self._card_locks[gpu]:
                 try:
                     return await self._create_on(gpu, request, quota)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from exporter.backends.types import MigProfile
@@ -134,14 +134,39 @@ def choose_mig(profiles: Sequence[MigProfile], occupied: Sequence[Occupied], req
     raise exhausted(f"no free placement on the card for any profile that covers the request ({names})")
 
 
+CardOrder = Callable[[Sequence[tuple[int, Quota]], Quota], list[int]]
+
+
 def pick_card(candidates: Sequence[tuple[int, Quota]], request: Quota) -> list[int]:
     """Order cards for an "any" request: most free capacity first (free compute, then free memory).
 
-    ``candidates`` holds (gpu index, free quota). This is the seam where a topology-aware choice plugs in.
+    ``candidates`` holds (gpu index, free quota). ``topology_aware`` wraps this with the node's topology.
     """
-    del request  # a topology-aware policy would use it; free capacity alone does not
+    del request  # free capacity alone decides here
     ranked = sorted(candidates, key=lambda c: (-c[1].compute_percent, -c[1].memory_mib, c[0]))
     return [gpu for gpu, _ in ranked]
+
+
+def topology_aware(first_choice: Callable[[Sequence[int]], int | None]) -> CardOrder:
+    """An "any" order that asks the topology which card to take first among those the request fits on.
+
+    ``first_choice(fitting)`` returns the card whose use costs the node least (Topology.PreferredAllocation with
+    count 1: near an RDMA NIC, leaving the best-connected sets of the other cards intact), or None when no
+    topology is known yet. The other cards follow in free-capacity order, so a card that turns out full is skipped.
+    """
+
+    def order(candidates: Sequence[tuple[int, Quota]], request: Quota) -> list[int]:
+        ranked = pick_card(candidates, request)
+        free = dict(candidates)
+        fitting = [
+            g
+            for g in ranked
+            if free[g].compute_percent >= request.compute_percent and free[g].memory_mib >= request.memory_mib
+        ]  # fmt: skip  (compute 0: no limit, admitted as 0 %)
+        best = first_choice(fitting) if fitting else None
+        return ranked if best is None else [best, *(g for g in ranked if g != best)]
+
+    return order
 
 
 __all__ = [
@@ -154,4 +179,5 @@ __all__ = [
     "covers",
     "feasible_starts",
     "pick_card",
+    "topology_aware",
 ]

@@ -21,6 +21,7 @@ from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.planner import CardOrder, pick_card
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
 from healthd.server import GrpcServer, Service
@@ -57,6 +58,7 @@ class Partitions:
         pod_exists: PodExists | None = None,
         clock: Callable[[], float] = time.time,
         mps: MpsControl | None = None,
+        order_any: CardOrder = pick_card,
     ) -> None:
         from healthd.partition.store import Store
 
@@ -78,6 +80,7 @@ class Partitions:
                 owner_grace_seconds=settings.owner_grace_seconds,
             ),
             clock=clock,
+            order_any=order_any,
         )
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
