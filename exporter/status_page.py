@@ -178,7 +178,7 @@ def _checks_table(rows: Sequence[object]) -> str:
     gpus = sorted({r.gpu for r in rows if isinstance(r, CheckRow)}, key=lambda g: -1 if g is None else g)
     cell = {(r.check, r.gpu): r for r in rows if isinstance(r, CheckRow)}
     level = {"ok": "ok", "warning": "warn", "failed": "bad"}
-    head = "<tr><th>check</th>" + "".join(f"<th>GPU {_e(_gpu_text(g))}</th>" for g in gpus) + "</tr>"
+    head = "<tr><th>check</th>" + "".join(f"<th>{'node' if g is None else f'GPU {g}'}</th>" for g in gpus) + "</tr>"
     body = []
     for check in checks:
         tds = []

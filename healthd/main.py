@@ -21,7 +21,7 @@ from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
-from exporter.status_page import StatusProviders, render_status_page
+from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
@@ -35,6 +35,7 @@ from healthd.probes import default_probes, xid_watcher
 from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
+from healthd.status_rows import status_providers
 from healthd.topology_wiring import build_topology
 
 log = structlog.get_logger("main")
@@ -135,8 +136,8 @@ class Daemon:
             *([self.partitions.collector] if self.partitions else []),
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
-        # health checks, faults and partitions on the status page: set by the components that own them
-        self.status_providers = StatusProviders()
+        # health checks, faults and partitions on the status page
+        self.status_providers = status_providers(self.faults, self.partitions.manager if self.partitions else None)
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),

@@ -161,12 +161,13 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         result = d.xpuctl("simulate", "inject", "nvlink_down", "--gpu", "3", "link=4")
         assert result.returncode == 0, result.stderr
         page_text = ""
-        for _ in range(100):  # the next sampling cycle (0.3 s) picks the fault up
+        for _ in range(200):  # the next cycles pick the fault up: card data first, then the probes' fault
             page_text = d.get("/")[1]
-            if "NVLink 4 down" in page_text:
+            if "NVLink 4 down" in page_text and "nvlink_down" in page_text:
                 break
             time.sleep(0.1)
         assert "NVLink 4 down" in page_text
+        assert "nvlink_down" in page_text, "the fault from the health pipeline is listed"
         shot = tmp_path / "status.png"
         base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -176,6 +177,7 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert dom.returncode == 0, dom.stderr[-2000:]
         words = Page(dom.stdout).words
         assert "GPU 3 needs attention" in words and "NVLink 4 down" in words
+        assert "nvlink_down" in words
         run = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, timeout=60, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
     data = shot.read_bytes()
