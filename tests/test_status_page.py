@@ -113,7 +113,8 @@ def test_providers_fill_faults_checks_and_partitions(sim: SimulatedBackend, cloc
     )
     words = Page(render_status_page(sample(sim, clock), clock.now, providers)).words
     assert "1 active fault" in words and "xid_79 3 replace_node GPU has fallen off the bus 42 s ago" in words
-    assert "ecc ok failed" in words and "GPU node" in words
+    assert "ecc ok failed" in words
+    assert "check node GPU 0 GPU 3" in words, "node-wide checks get a column named node"
     assert "p-1 7 mig pod default/train 3g.71gb" in words
 
 
