@@ -241,9 +241,9 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def rows(s: Samples) -> list[Row]:
+def rows(s: Samples, note: str = "") -> list[Row]:
     ms = 1e3
-    note = f"{len(s.to_subscriber)} XIDs, one at a time"
+    note = note or f"{len(s.to_subscriber)} XIDs, one at a time"
     return [
         Row("XID -> WatchFaults subscriber p50", "ms", median(s.to_subscriber) * ms, s.gpus, note=note),
         Row("XID -> WatchFaults subscriber p99", "ms", percentile(s.to_subscriber, 0.99) * ms, s.gpus),
@@ -257,9 +257,10 @@ def rows(s: Samples) -> list[Row]:
 
 def run(args: BenchArgs) -> list[Row]:
     count = 40 if args.quick else 200
+    note = f"{count} XIDs one at a time ({len(action_xids())} on 1 GPU)"
     out: list[Row] = []
     for gpus in args.gpu_counts:
-        out += rows(measure(count, "xid", gpus))
+        out += rows(measure(count, "xid", gpus), note)
     return out
 
 

@@ -180,7 +180,7 @@ def build_args(ns: argparse.Namespace) -> BenchArgs:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer points and shorter runs (about 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer points and shorter runs (about 3 minutes)")
     ap.add_argument("--only", action="append", metavar="NAME", help="run only these modules (e.g. sampler)")
     ap.add_argument("--gpus", type=parse_counts, metavar="N,N", help="GPU counts (default 1,8,16,64)")
     ap.add_argument("--processes", type=parse_counts, metavar="N,N", help="processes per GPU (default 0,10,50)")
