@@ -191,9 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the bench modules and exit")
     ns = ap.parse_args(argv)
     if ns.list:
+        width = max(len(what) for _, what in MODULES)
         for module, what in MODULES:
             present = "present" if import_bench(module) is not None else "absent"
-            print(f"{module:<28} {what:<48} {present}")
+            print(f"{module:<28} {what:<{width}} {present}")
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     args = build_args(ns)
