@@ -36,6 +36,18 @@ class SamplerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TransportSettings:
+    """[transport]: who may reach the gRPC API and /metrics (see packaging/healthd.toml)."""
+
+    grpc_socket_group: str = "xpu"  # "" keeps the daemon's own group
+    grpc_socket_mode: int = 0o660
+    grpc_tls_cert_file: Path | None = None  # TCP gRPC listeners need all three (mTLS)
+    grpc_tls_key_file: Path | None = None
+    grpc_tls_client_ca_file: Path | None = None
+    metrics_web_config_file: Path | None = None  # Prometheus exporter-toolkit web config (TLS, basic auth)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -43,6 +55,7 @@ class Config:
     simulate: str | None = None  # scenario name or file; None: real GPUs
     log_level: str = "info"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -96,7 +109,7 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler"}, "")
+    _check_keys(data, {"daemon", "sampler", "transport"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     for name, table in (("daemon", daemon), ("sampler", sampler)):
@@ -136,7 +149,49 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         simulate=simulate,
         log_level=log_level,
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
+        transport=parse_transport(data.get("transport", {})),
         source=source,
+    )
+
+
+def _optional_path(table: Mapping[str, Any], key: str, where: str) -> Path | None:
+    value = table.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{key}: expected a file path (string), got {type(value).__name__}")
+    if value and not value.startswith("/"):
+        raise ConfigError(f"{where}.{key}: must be an absolute path, got {value!r}")
+    return Path(value) if value else None
+
+
+def parse_transport(table: Any) -> TransportSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("transport: expected a table ([transport])")
+    names = {f.name for f in fields(TransportSettings)}
+    _check_keys(table, names, "transport")
+    group = _string(table, "grpc_socket_group", "transport.", "xpu")
+    if group and (not group.isprintable() or ":" in group or len(group) > 64):
+        raise ConfigError(f"transport.grpc_socket_group: not a valid group name: {group!r}")
+    raw_mode = table.get("grpc_socket_mode", "0660")
+    if isinstance(raw_mode, int) and not isinstance(raw_mode, bool) and 0 <= raw_mode <= 0o777:
+        raw_mode = f"{raw_mode:04o}"  # TOML 0o660
+    if not (isinstance(raw_mode, str) and 3 <= len(raw_mode) <= 4 and all(c in "01234567" for c in raw_mode)):
+        raise ConfigError(f'transport.grpc_socket_mode: expected an octal mode such as "0660", got {raw_mode!r}')
+    mode_text = raw_mode
+    mode = int(mode_text, 8)
+    if mode & 0o007:
+        raise ConfigError(
+            f"transport.grpc_socket_mode: {mode_text} gives every local user access to the API; "
+            "use 0660 and put the callers in grpc_socket_group"
+        )
+    if not mode & 0o600 == 0o600:
+        raise ConfigError(f"transport.grpc_socket_mode: {mode_text} must let the owner read and write (0600 bits)")
+    return TransportSettings(
+        grpc_socket_group=group,
+        grpc_socket_mode=mode,
+        grpc_tls_cert_file=_optional_path(table, "grpc_tls_cert_file", "transport"),
+        grpc_tls_key_file=_optional_path(table, "grpc_tls_key_file", "transport"),
+        grpc_tls_client_ca_file=_optional_path(table, "grpc_tls_client_ca_file", "transport"),
+        metrics_web_config_file=_optional_path(table, "metrics_web_config_file", "transport"),
     )
 
 
@@ -148,7 +203,7 @@ def check_grpc_address(address: str, option: str) -> None:
             raise ConfigError(f"{option}: unix socket path must be absolute, got {address!r}")
         return
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
         raise ConfigError(f"{option}: expected unix:/path or HOST:PORT, got {address!r}")
 
 

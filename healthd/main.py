@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -19,9 +18,12 @@ from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
+from healthd.systemd import Notifier
+from healthd.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
 
 log = structlog.get_logger("main")
 
@@ -89,10 +91,15 @@ class Daemon:
             parse_listen_address(config.metrics_listen),
             self.registry,
             health=lambda: snapshot_health(self.sampler, stale_after),
+            web_config=load_metrics_web_config(config.transport),
         )
+        t = config.transport
         self.grpc = GrpcServer(
             config.grpc_addresses,
             [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+            tls=load_grpc_tls(t, [a for a in config.grpc_addresses if is_tcp(a)]),
+            socket_mode=t.grpc_socket_mode,
+            socket_gid=socket_group_id(t.grpc_socket_group),
         )
 
     async def start(self) -> None:
@@ -102,7 +109,7 @@ class Daemon:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         self.sampler.start()
         self.http.start()
-        log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
+        log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port, scheme=self.http.scheme)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
 
@@ -121,23 +128,16 @@ def _add_simulation(servicer: object, server: object) -> None:
     simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-async def run(config: Config, *, allow_fallback: bool) -> int:
+async def run(config: Config, *, allow_fallback: bool, reload_config: Callable[[], Config] | None = None) -> int:
     daemon = Daemon(config, allow_fallback=allow_fallback)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await daemon.start()
-    log.info("ready")
-    await stop.wait()
-    await daemon.stop()
-    return 0
+    return await Lifecycle(daemon, Notifier(), reload_config=reload_config).serve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
+        check_transport(config)
     except ConfigError as exc:
         print(f"xpu-healthd: {exc}", file=sys.stderr)
         return 2
@@ -146,7 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     configure_logging(config.log_level)
     try:
-        return asyncio.run(run(config, allow_fallback=args.config is None))
+        return asyncio.run(run(config, allow_fallback=args.config is None, reload_config=lambda: resolve_config(args)))
+    except ConfigError as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
     except OSError as exc:
         log.error("cannot start", error=str(exc))
         return 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from healthd.transport import GrpcTls, secure_socket
 
 log = structlog.get_logger("grpc")
 
@@ -29,12 +30,24 @@ class Service:
 
 
 class GrpcServer:
-    def __init__(self, addresses: Sequence[str], services: Sequence[Service]) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        services: Sequence[Service],
+        *,
+        tls: GrpcTls | None = None,
+        socket_mode: int = SOCKET_MODE,
+        socket_gid: int | None = None,
+    ) -> None:
         self._addresses = tuple(addresses)
         self._services = tuple(services)
+        self._tls = tls
+        self._socket_mode = socket_mode
+        self._socket_gid = socket_gid
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sockets: list[Path] = []
+        self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -48,11 +61,18 @@ class GrpcServer:
                 path = _prepare_socket_path(address[len("unix:") :])
                 server.add_insecure_port(address)
                 self._sockets.append(path)
-            else:
+            elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self._tls.private_key, self._tls.cert_chain)],
+                    root_certificates=self._tls.client_ca,
+                    require_client_auth=True,
+                )
+                self.tcp_ports.append(server.add_secure_port(address, credentials))
         await server.start()
         for path in self._sockets:
-            os.chmod(path, SOCKET_MODE)
+            secure_socket(path, self._socket_mode, self._socket_gid)
         for name in ["", *names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
