@@ -203,7 +203,7 @@ def check_grpc_address(address: str, option: str) -> None:
             raise ConfigError(f"{option}: unix socket path must be absolute, got {address!r}")
         return
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{option}: expected unix:/path or HOST:PORT, got {address!r}")
 
 

@@ -76,7 +76,7 @@ class GrpcServer:
         for name in ["", *names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
-        log.info("grpc listening", addresses=list(self._addresses), services=names)
+        log.info("grpc listening", addresses=list(self._addresses), services=names, tcp_ports=self.tcp_ports)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self._server is None:
