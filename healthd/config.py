@@ -87,7 +87,8 @@ def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str) -> None
     unknown = sorted(set(table) - allowed)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown option (known: {', '.join(sorted(allowed))})")
+        name = unknown[0] if unknown[0].isidentifier() else repr(unknown[0])
+        raise ConfigError(f"{prefix}{name}: unknown option (known: {', '.join(sorted(allowed))})")
 
 
 def _number(table: Mapping[str, Any], key: str, where: str, default: float, *, minimum: float, maximum: float) -> float:
@@ -134,7 +135,9 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     if not state_dir or not Path(state_dir).is_absolute():
         raise ConfigError(f"daemon.state_dir: must be an absolute path, got {state_dir!r}")
     simulate = daemon.get("simulate")
-    if simulate is not None and (not isinstance(simulate, str) or not simulate):
+    if simulate == "":  # "" means real GPUs, as if unset
+        simulate = None
+    if simulate is not None and not isinstance(simulate, str):
         raise ConfigError("daemon.simulate: expected a scenario name or file path")
     log_level = _string(daemon, "log_level", "daemon.", "info").lower()
     if log_level not in LOG_LEVELS:
