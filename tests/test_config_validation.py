@@ -73,7 +73,8 @@ def test_check_config_names_the_option(tmp_path: Path, text: str, option: str, w
     assert result.returncode == 2, result
     assert result.stdout == ""
     line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line, line
+    assert "\n" not in line, line
+    assert "Traceback" not in line, line
     assert line.startswith(f"xpu-healthd: {option}"), line
     assert what in line
 
