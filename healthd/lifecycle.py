@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from exporter.webconfig import WebConfigError
 from healthd.config import Config, ConfigError
 from healthd.logs import configure_logging
 from healthd.reload import plan_reload
@@ -117,10 +118,15 @@ class Lifecycle:
             log.error("reload failed; the running settings stay", error=str(exc))
             self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
             return
+        try:
+            daemon.http.set_web_config(web_config)
+        except WebConfigError as exc:  # a certificate replaced between the check and now
+            log.error("reload failed; the running settings stay", error=f"transport.metrics_web_config_file: {exc}")
+            self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
+            return
         plan = plan_reload(daemon.config, new)
         if "daemon.log_level" in plan.applied:
             configure_logging(new.log_level)
-        daemon.http.set_web_config(web_config)
         daemon.config = plan.config
         log.info(
             "configuration reloaded",

@@ -59,7 +59,7 @@ class GrpcServer:
         for address in self._addresses:
             if address.startswith("unix:"):
                 path = _prepare_socket_path(address[len("unix:") :])
-                server.add_insecure_port(address)
+                _bind(address, server.add_insecure_port, address)
                 self._sockets.append(path)
             elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
@@ -69,7 +69,7 @@ class GrpcServer:
                     root_certificates=self._tls.client_ca,
                     require_client_auth=True,
                 )
-                self.tcp_ports.append(server.add_secure_port(address, credentials))
+                self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
         for path in self._sockets:
             secure_socket(path, self._socket_mode, self._socket_gid)
@@ -87,6 +87,14 @@ class GrpcServer:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._server = None
+
+
+def _bind(address: str, add: Callable[..., int], *args: Any) -> int:
+    """grpc reports a failed bind as RuntimeError; make it the OSError the daemon reports as "cannot start"."""
+    try:
+        return add(*args)
+    except RuntimeError as exc:
+        raise OSError(f"grpc listen {address}: cannot bind ({exc})") from None
 
 
 def _prepare_socket_path(raw: str) -> Path:

@@ -107,6 +107,10 @@ def socket_group_id(name: str) -> int | None:
 
 
 def secure_socket(path: Path, mode: int, gid: int | None) -> None:
-    if gid is not None:
-        os.chown(path, -1, gid)
+    """Mode first, then group: if the group cannot be set (not root, not a member), the socket is still 0660."""
     os.chmod(path, mode)
+    if gid is not None:
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:
+            log.warning("cannot give the socket to its group; it keeps the daemon's group", path=str(path), gid=gid)

@@ -8,6 +8,7 @@ import base64
 import grp
 import os
 import signal
+import socket
 import ssl
 import stat
 import urllib.error
@@ -321,3 +322,13 @@ def test_daemon_serves_tls_metrics_and_mtls_grpc_and_rereads_web_config_on_sighu
         assert "PRIVATE KEY" not in output
     finally:
         notify.close()
+
+
+def test_a_port_in_use_is_an_oserror_naming_the_address(pki: Pki, certs: dict[str, Path], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        server = GrpcServer([address], [], tls=load_grpc_tls(tls_settings(certs), [address]))
+        with pytest.raises(OSError, match=f"grpc listen {address}: cannot bind"):
+            asyncio.run(server.start())
