@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healthd.config import Config, ConfigError, parse_config
+from healthd.config import Config, ConfigError, load_config, parse_config
 from healthd.reload import flatten, plan_reload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,3 +169,22 @@ def test_reload_plan_separates_safe_changes_from_restarts() -> None:
     assert plan.config.log_level == "debug"
     assert plan.config.metrics_listen == old.metrics_listen  # not taken over
     assert str(plan.config.transport.metrics_web_config_file) == "/etc/xpu-runtime-kit/web.yml"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_any_file_content_is_a_config_or_a_named_error(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
+    path = tmp_path_factory.mktemp("cfg") / "healthd.toml"
+    path.write_bytes(raw)
+    message = "accepted"
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        message = str(exc)
+    assert (
+        message == "accepted"
+        or message.startswith(
+            (f"config file {path}: ", *(f"{o}: " for o in OPTION_NAMES), *(f"{o}/" for o in OPTION_NAMES))
+        )
+        or ": unknown option" in message
+    ), message
