@@ -86,7 +86,8 @@ def namespace_prefix(root: Path) -> list[str] | None:
 def run_installed(root: Path, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     prefix = namespace_prefix(root)
     if prefix is None:
-        argv = [str(root / PREFIX.lstrip("/") / "bin/python"), "-m", "healthd", *argv[1:]]
+        args = [f"{root}{a}" if a.startswith("/etc/xpu-runtime-kit/") else a for a in argv[1:]]
+        argv = [str(root / PREFIX.lstrip("/") / "bin/python"), "-m", "healthd", *args]
         print("no private mount namespace: running the packaged venv's python from the throwaway root")
         prefix = []
     return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=120, check=False)
@@ -124,7 +125,8 @@ def test_deb_installs_runs_upgrades_removes_and_purges(deb: Path, tmp_path: Path
         root, ["/usr/bin/xpu-healthd", "--check-config", "--config", "/etc/xpu-runtime-kit/healthd.toml"]
     )
     assert check.returncode == 0, check.stderr
-    assert check.stdout.strip() == "configuration OK (/etc/xpu-runtime-kit/healthd.toml)"
+    assert check.stdout.startswith("configuration OK (")
+    assert check.stdout.strip().endswith("/etc/xpu-runtime-kit/healthd.toml)")
 
     if namespace_prefix(root) is not None:
         verify = run_installed(root, ["systemd-analyze", "verify", "--man=no", "/" + UNIT])
