@@ -185,12 +185,12 @@ class Sampler:
         self._first = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._subscribers: list[Callable[[Snapshot], None]] = []
+        self._subscribers: list[Callable[[Snapshot], object]] = []
         self._seq = 0
 
     # ----- public ------------------------------------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
+    def subscribe(self, callback: Callable[[Snapshot], object]) -> None:
         """Call ``callback`` with every new Snapshot, on the sampler thread; it must return quickly."""
         self._subscribers.append(callback)
 

@@ -9,10 +9,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from healthd.probes.config import ProbeSettings, parse_probe_settings
+
 DEFAULT_CONFIG_PATH = Path("/etc/xpu-runtime-kit/healthd.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/xpu-runtime-kit")
 DEFAULT_RUNTIME_DIR = Path("/run/xpu-runtime-kit")
 DEFAULT_METRICS_LISTEN = ":9410"
+DEFAULT_NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/xpu-runtime-kit"
+DEFAULT_LABEL_NAMESPACE = "xpu.feature.node.kubernetes.io"
 
 
 def default_socket_path() -> Path:
@@ -36,6 +40,59 @@ class SamplerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologySettings:
+    enabled: bool = True
+    sysfs_root: Path = Path("/sys")
+    refresh_seconds: float = 3600.0
+    deadline_seconds: float = 10.0
+    # Written only when its directory exists (NFD installed); "" disables.
+    nfd_feature_file: str = DEFAULT_NFD_FEATURE_FILE
+    label_namespace: str = DEFAULT_LABEL_NAMESPACE
+    network: tuple[tuple[str, str], ...] = ()  # operator-supplied levels, e.g. (("block", "b07"), ("rack", "r12"))
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionSettings:
+    """[attribution]: process and pod metrics (PID -> cgroup -> container/pod, kubelet pod-resources)."""
+
+    process_metrics: bool = True
+    pod_metrics: bool = True
+    max_processes_per_gpu: int = 64
+    proc_root: Path = Path("/proc")
+    pod_logs_root: Path = Path("/var/log")  # kubelet's pods/ and containers/ log directories
+    kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    refresh_interval_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultsSettings:
+    """[faults]: how findings become faults (see healthd/faults/engine.py for the rules)."""
+
+    dedup_window_seconds: float = 300.0  # repeats of an active event fault: at most one "updated" record per window
+    open_after_evaluations: int = 2  # a condition must be reported this many evaluations in a row to open
+    resolve_after_evaluations: int = 2  # ... and be absent this many known-status evaluations in a row to resolve
+    reopen_window_seconds: float = 600.0  # back within this long after resolving: the same fault reopens
+    event_quiet_seconds: float = 3600.0  # an event fault below reset_gpu resolves after this long without repeats
+    escalation_reboots: int = 2  # a fatal fault seen again after this many reboots becomes replace_node (0: off)
+    escalation_window_seconds: float = 7 * 86400.0
+    retention_seconds: float = 30 * 86400.0  # resolved faults and records older than this are deleted
+    retention_max_resolved: int = 10000
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """[hook]: where faults that need a standby node are pushed (ReplacementHook.ReportFault)."""
+
+    endpoints: tuple[str, ...] = ()  # unix:/path or HOST:PORT
+    min_action: str = "replace_node"
+    node_name: str = ""  # empty: the host name
+    timeout_seconds: float = 30.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class TransportSettings:
     """[transport]: who may reach the gRPC API and /metrics (see packaging/healthd.toml)."""
 
@@ -55,6 +112,11 @@ class Config:
     simulate: str | None = None  # scenario name or file; None: real GPUs
     log_level: str = "info"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    topology: TopologySettings = field(default_factory=TopologySettings)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
+    faults: FaultsSettings = field(default_factory=FaultsSettings)
+    hook: HookSettings = field(default_factory=HookSettings)
+    health: ProbeSettings = field(default_factory=ProbeSettings)
     transport: TransportSettings = field(default_factory=TransportSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
@@ -110,10 +172,10 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "transport"}, "")
+    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "transport"}, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
-    for name, table in (("daemon", daemon), ("sampler", sampler)):
+    for name, table in data.items():  # every section is a table ([health] = [] used to raise AttributeError)
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
@@ -152,8 +214,174 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         simulate=simulate,
         log_level=log_level,
         sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
+        topology=parse_topology(data.get("topology", {})),
+        attribution=parse_attribution(data.get("attribution", {})),
+        faults=parse_faults(data.get("faults", {})),
+        hook=parse_hook(data.get("hook", {})),
+        health=parse_probe_settings(data.get("health", {}), "health"),
         transport=parse_transport(data.get("transport", {})),
         source=source,
+    )
+
+
+def parse_topology(table: Any) -> TopologySettings:
+    """The [topology] section: where to read sysfs, how often, the NFD feature file and network levels."""
+    from exporter.topology.nfd import valid_label_value, valid_level_name, valid_namespace
+
+    if not isinstance(table, dict):
+        raise ConfigError("topology: expected a table ([topology])")
+    keys = {"enabled", "sysfs_root", "refresh_seconds", "deadline_seconds", "nfd_feature_file", "label_namespace"}
+    _check_keys(table, keys | {"network"}, "topology")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"topology.enabled: expected true or false, got {type(enabled).__name__}")
+    root = _string(table, "sysfs_root", "topology.", "/sys")
+    if not Path(root).is_absolute():
+        raise ConfigError(f"topology.sysfs_root: must be an absolute path, got {root!r}")
+    nfd = _string(table, "nfd_feature_file", "topology.", DEFAULT_NFD_FEATURE_FILE)
+    if nfd and (not Path(nfd).is_absolute() or Path(nfd).name.startswith(".")):
+        raise ConfigError(
+            f"topology.nfd_feature_file: must be an absolute path to a file not starting with '.', got {nfd!r}"
+        )
+    namespace = _string(table, "label_namespace", "topology.", DEFAULT_LABEL_NAMESPACE)
+    if not valid_namespace(namespace):
+        raise ConfigError(f"topology.label_namespace: not a DNS subdomain: {namespace!r}")
+    network = table.get("network", {})
+    if not isinstance(network, dict):
+        raise ConfigError('topology.network: expected a table of level = value, e.g. block = "b07"')
+    levels: list[tuple[str, str]] = []
+    for level, value in sorted(network.items()):
+        if not valid_level_name(level):
+            raise ConfigError(f"topology.network.{level}: level names are lower-case letters, digits and '-'")
+        if not isinstance(value, str) or not value or not valid_label_value(value):
+            raise ConfigError(
+                f"topology.network.{level}: expected a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric at "
+                f"both ends), got {value!r}"
+            )
+        levels.append((level, value))
+    return TopologySettings(
+        enabled=enabled,
+        sysfs_root=Path(root),
+        refresh_seconds=_number(table, "refresh_seconds", "topology", 3600.0, minimum=10, maximum=7 * 86400),
+        deadline_seconds=_number(table, "deadline_seconds", "topology", 10.0, minimum=0.1, maximum=600),
+        nfd_feature_file=nfd,
+        label_namespace=namespace,
+        network=tuple(levels),
+    )
+
+
+def parse_attribution(table: Any) -> AttributionSettings:
+    where = "attribution"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table ([{where}])")
+    d = AttributionSettings()
+    _check_keys(table, {f.name for f in fields(AttributionSettings)}, where)
+    flags = {}
+    for key in ("process_metrics", "pod_metrics"):
+        value = table.get(key, getattr(d, key))
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {type(value).__name__}")
+        flags[key] = value
+    cap = table.get("max_processes_per_gpu", d.max_processes_per_gpu)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 10000:
+        raise ConfigError(f"{where}.max_processes_per_gpu: expected an integer between 1 and 10000, got {cap!r}")
+    paths = {}
+    for key in ("proc_root", "pod_logs_root", "kubelet_socket"):
+        raw = _string(table, key, f"{where}.", str(getattr(d, key)))
+        if not raw.startswith("/"):
+            raise ConfigError(f"{where}.{key}: must be an absolute path, got {raw!r}")
+        paths[key] = Path(raw)
+    refresh = _number(table, "refresh_interval_seconds", where, d.refresh_interval_seconds, minimum=0.5, maximum=3600)
+    return AttributionSettings(
+        process_metrics=flags["process_metrics"],
+        pod_metrics=flags["pod_metrics"],
+        max_processes_per_gpu=cap,
+        proc_root=paths["proc_root"],
+        pod_logs_root=paths["pod_logs_root"],
+        kubelet_socket=paths["kubelet_socket"],
+        refresh_interval_seconds=refresh,
+    )
+
+
+def _integer(table: Mapping[str, Any], key: str, where: str, default: int, *, minimum: int, maximum: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}.{key}: expected an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{where}.{key}: must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def parse_faults(table: Mapping[str, Any]) -> FaultsSettings:
+    d = FaultsSettings()
+    _check_keys(table, {f.name for f in fields(FaultsSettings)}, "faults")
+    boot_id_path = _string(table, "boot_id_path", "faults.", str(d.boot_id_path))
+    if not Path(boot_id_path).is_absolute():
+        raise ConfigError(f"faults.boot_id_path: must be an absolute path, got {boot_id_path!r}")
+    day = 86400.0
+    return FaultsSettings(
+        dedup_window_seconds=_number(
+            table, "dedup_window_seconds", "faults", d.dedup_window_seconds, minimum=0, maximum=day
+        ),
+        open_after_evaluations=_integer(
+            table, "open_after_evaluations", "faults", d.open_after_evaluations, minimum=1, maximum=100
+        ),
+        resolve_after_evaluations=_integer(
+            table, "resolve_after_evaluations", "faults", d.resolve_after_evaluations, minimum=1, maximum=100
+        ),
+        reopen_window_seconds=_number(
+            table, "reopen_window_seconds", "faults", d.reopen_window_seconds, minimum=0, maximum=day
+        ),
+        event_quiet_seconds=_number(
+            table, "event_quiet_seconds", "faults", d.event_quiet_seconds, minimum=1, maximum=30 * day
+        ),
+        escalation_reboots=_integer(
+            table, "escalation_reboots", "faults", d.escalation_reboots, minimum=0, maximum=100
+        ),
+        escalation_window_seconds=_number(
+            table, "escalation_window_seconds", "faults", d.escalation_window_seconds, minimum=60, maximum=365 * day
+        ),
+        retention_seconds=_number(
+            table, "retention_seconds", "faults", d.retention_seconds, minimum=3600, maximum=3650 * day
+        ),
+        retention_max_resolved=_integer(
+            table, "retention_max_resolved", "faults", d.retention_max_resolved, minimum=1, maximum=10_000_000
+        ),
+        boot_id_path=Path(boot_id_path),
+    )
+
+
+HOOK_ACTIONS = ("restart_app", "reset_gpu", "reboot_node", "replace_node")
+
+
+def parse_hook(table: Any) -> HookSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("hook: expected a table ([hook])")
+    d = HookSettings()
+    _check_keys(table, {f.name for f in fields(HookSettings)}, "hook")
+    raw = table.get("endpoints", [])
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise ConfigError("hook.endpoints: expected a string or a list of strings")
+    for address in raw:
+        check_grpc_address(address, "hook.endpoints")
+    if len(set(raw)) != len(raw):
+        raise ConfigError("hook.endpoints: an endpoint is listed twice")
+    min_action = _string(table, "min_action", "hook.", d.min_action).lower()
+    if min_action not in HOOK_ACTIONS:
+        raise ConfigError(f"hook.min_action: must be one of {', '.join(HOOK_ACTIONS)}, got {min_action!r}")
+    initial = _number(table, "backoff_initial_seconds", "hook", d.backoff_initial_seconds, minimum=0.01, maximum=3600)
+    maximum = _number(table, "backoff_max_seconds", "hook", d.backoff_max_seconds, minimum=0.01, maximum=86400)
+    if maximum < initial:
+        raise ConfigError(f"hook.backoff_max_seconds: must be at least backoff_initial_seconds ({initial:g})")
+    return HookSettings(
+        endpoints=tuple(raw),
+        min_action=min_action,
+        node_name=_string(table, "node_name", "hook.", d.node_name),
+        timeout_seconds=_number(table, "timeout_seconds", "hook", d.timeout_seconds, minimum=0.1, maximum=3600),
+        backoff_initial_seconds=initial,
+        backoff_max_seconds=maximum,
     )
 
 

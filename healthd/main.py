@@ -13,16 +13,24 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.select import choose_backend
+from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.version import VERSION
+from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.faults import service as health_service
+from healthd.faults.journal import Journal
+from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
+from healthd.probes import default_probes, xid_watcher
+from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
 from healthd.systemd import Notifier
+from healthd.topology_wiring import build_topology
 from healthd.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
 
 log = structlog.get_logger("main")
@@ -84,8 +92,25 @@ class Daemon:
         self.backend_reason = choice.reason
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.topology = build_topology(config, self.backend, self.sampler)
+        self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
+        self.faults = self.fault_runtime.engine  # the probes' sink: report(ProbeReport), event(Finding)
+        simulated = isinstance(self.backend, SimulatedBackend)
+        self.probes = ProbeRunner(
+            default_probes(config.health, state_dir=config.state_dir, simulated=simulated), self.faults, time.time
+        )
+        self.sampler.subscribe(self.probes.on_snapshot)
+        self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(self.sampler.latest, default_collectors()))
+        collectors = [
+            *default_collectors(),
+            *self.attribution.collectors(),
+            *self.topology.collectors,
+            self.fault_runtime.collector,
+        ]
+        self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
@@ -96,7 +121,11 @@ class Daemon:
         t = config.transport
         self.grpc = GrpcServer(
             config.grpc_addresses,
-            [Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation)],
+            [
+                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
+                *self.topology.services,
+                Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
+            ],
             tls=load_grpc_tls(t, [a for a in config.grpc_addresses if is_tcp(a)]),
             socket_mode=t.grpc_socket_mode,
             socket_gid=socket_group_id(t.grpc_socket_group),
@@ -107,17 +136,25 @@ class Daemon:
             "starting", version=VERSION, backend=self.backend.name, why=self.backend_reason, config=self.config.source
         )
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.attribution.start)
         self.sampler.start()
+        await self.fault_runtime.start()
         self.http.start()
         log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port, scheme=self.http.scheme)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
+        self.xid.start()
+        self.topology.start()
 
     async def stop(self) -> None:
         log.info("stopping")
         await self.grpc.stop()
+        self.topology.stop()
         await asyncio.to_thread(self.http.stop)
+        await asyncio.to_thread(self.xid.stop)  # before the backend closes: it waits on the driver's event set
         await asyncio.to_thread(self.sampler.stop)
+        await asyncio.to_thread(self.attribution.stop)
+        await self.fault_runtime.stop()
         self.backend.close()
         log.info("stopped")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,23 @@ from healthd.reload import flatten, plan_reload
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "packaging" / "healthd.toml"
-SECTIONS = {
-    "daemon": ["metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"],
-    "sampler": ["interval_seconds", "call_deadline_seconds"],
-    "transport": [
-        "grpc_socket_group",
-        "grpc_socket_mode",
-        "grpc_tls_cert_file",
-        "grpc_tls_key_file",
-        "grpc_tls_client_ca_file",
-        "metrics_web_config_file",
-    ],
-}
+
+
+def known_keys(*path: str) -> set[str]:
+    """The keys the parser accepts in the table at ``path``, read from its "unknown option (known: ...)" message."""
+    data: dict[str, Any] = {}
+    cursor = data
+    for name in path:
+        cursor = cursor.setdefault(name, {})
+    cursor["zz_not_an_option"] = 1
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    match = re.search(r"unknown option \(known: (.*)\)$", str(err.value))
+    assert match, str(err.value)
+    return set(match.group(1).split(", "))
+
+
+SECTIONS = {section: sorted(known_keys(section)) for section in sorted(known_keys())}
 OPTION_NAMES = {f"{s}.{k}" for s, keys in SECTIONS.items() for k in keys} | set(SECTIONS)
 
 
@@ -97,12 +103,17 @@ def test_shipped_default_config_is_valid_and_documents_every_option() -> None:
     text = SHIPPED.read_text()
     # every option appears commented out with its default, so uncommenting all of them changes nothing
     uncommented = re.sub(r"^#(?=\s*[a-z_]+ = )\s*", "", text, flags=re.M)
-    import tomllib
-
     data = tomllib.loads(uncommented)
-    assert {k: sorted(v) for k, v in data.items()} == {k: sorted(v) for k, v in SECTIONS.items()}
-    config = parse_config(data)
-    assert flatten(config) == flatten(Config())
+    assert flatten(parse_config(data)) == flatten(Config())
+
+    def walk(table: dict[str, Any], path: tuple[str, ...]) -> None:
+        for key in known_keys(*path):
+            if isinstance(table.get(key), dict):
+                walk(table[key], (*path, key))
+            elif key not in table:  # options without a default value are described in words
+                assert re.search(rf"^#.*\b{key}\b", text, flags=re.M), f"{'.'.join((*path, key))} is not documented"
+
+    walk(data, ())
 
 
 # ----- parse_config in bulk (hypothesis) ----------------------------------------------------------------------
@@ -118,8 +129,8 @@ toml_scalars = (
 toml_values = st.recursive(
     toml_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
 )
-known_keys = st.sampled_from([k for keys in SECTIONS.values() for k in keys])
-section = st.dictionaries(known_keys | st.text(max_size=10), toml_values, max_size=4)
+option_keys = st.sampled_from([k for keys in SECTIONS.values() for k in keys])
+section = st.dictionaries(option_keys | st.text(max_size=10), toml_values, max_size=4)
 documents = st.dictionaries(st.sampled_from(sorted(SECTIONS)) | st.text(max_size=8), section | toml_values, max_size=3)
 
 
@@ -131,7 +142,7 @@ def test_any_document_is_a_config_or_a_named_error(data: dict[str, Any]) -> None
     except ConfigError as exc:
         message = str(exc)
         assert "\n" not in message
-        named = {f"{o}: " for o in OPTION_NAMES} | {f"{o}/" for o in OPTION_NAMES}
+        named = {f"{o}{sep}" for o in OPTION_NAMES for sep in (": ", "/", ".")}
         for name, table in data.items():  # an unknown key is named as written (quoted when it is no identifier)
             shown = name if name.isidentifier() else repr(name)
             named.add(f"{shown}: unknown option")
@@ -151,7 +162,7 @@ def test_any_value_for_a_known_option_is_accepted_or_named(option: str, value: A
         parse_config({section_name: {key: value}})
     except ConfigError as exc:
         message = str(exc)
-    assert message.startswith(f"{option}: "), message
+    assert message.startswith((f"{option}: ", f"{option}.")), message
 
 
 def test_reload_plan_separates_safe_changes_from_restarts() -> None:

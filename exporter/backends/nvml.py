@@ -70,13 +70,11 @@ _SKIP_CODES: Final = _UNSUPPORTED_CODES | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
 _DRIVER_CODES: Final = frozenset(
     {pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED, pynvml.NVML_ERROR_UNINITIALIZED}
 )
-_ERROR_CLASSES: Final[Mapping[int, type[GpuLostError | ResetRequiredError | NotFoundError | InUseError]]] = {
+_ERROR_CLASSES: Final[Mapping[int, type[BackendError]]] = {
     pynvml.NVML_ERROR_GPU_IS_LOST: GpuLostError,
     pynvml.NVML_ERROR_RESET_REQUIRED: ResetRequiredError,
     pynvml.NVML_ERROR_NOT_FOUND: NotFoundError,
     pynvml.NVML_ERROR_IN_USE: InUseError,
-}
-_MORE_ERROR_CLASSES: Final[Mapping[int, type[InsufficientResourcesError | InvalidStateError]]] = {
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResourcesError,
     pynvml.NVML_ERROR_INVALID_STATE: InvalidStateError,
 }
@@ -174,11 +172,7 @@ def _translate(err: BaseException, call: str, *, init: bool = False) -> BackendE
         return VersionMismatchError(message, call=call)
     if code in _DRIVER_CODES or (init and code == pynvml.NVML_ERROR_NO_PERMISSION):
         return DriverUnavailableError(message, call=call)
-    if code is not None and code in _ERROR_CLASSES:
-        return _ERROR_CLASSES[code](message, call=call)
-    if code is not None and code in _MORE_ERROR_CLASSES:
-        return _MORE_ERROR_CLASSES[code](message, call=call)
-    return BackendError(message, call=call)
+    return _ERROR_CLASSES.get(code if code is not None else -1, BackendError)(message, call=call)
 
 
 def _call(call: str, fn: Callable[..., T], *args: Any) -> T:
@@ -291,12 +285,14 @@ def _takes_out_refs(fn: Callable[..., Any], plain_arity: int) -> bool:
 
 
 def _list_call(call: str, fn: Callable[..., Any], item_type: Any, capacity: int, *args: Any) -> list[Any]:
-    """Call a pynvml enumeration in whichever signature the installed wrapper has."""
+    """Call a pynvml enumeration in whichever signature the installed wrapper has; NotSupported is empty."""
     if not _takes_out_refs(fn, len(args)):
-        return list(_call(call, fn, *args))
+        listed = _optional(call, fn, *args)
+        return [] if isinstance(listed, Unsupported) else list(listed)
     count = ctypes.c_uint(capacity)
     items = (item_type * capacity)()
-    _call(call, fn, *args, items, ctypes.byref(count))
+    if _optional(call, fn, *args, items, ctypes.byref(count)) is UNSUPPORTED:
+        return []
     return list(items[: min(count.value, capacity)])
 
 
@@ -442,6 +438,28 @@ class NvmlBackend:
                 raise _translate(err, "nvmlDeviceGetNvLinkState") from err
             links.append(link)
         return tuple(links)
+
+    def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
+        """Per active link: the remote GPU's PCI bus id, or "nvswitch" (nvmlDeviceGetNvLinkRemoteDeviceType SWITCH;
+        on NVSwitch systems the remote PCI info names the switch, not a GPU)."""
+        h = self._handle(index)
+        self.device_info(index)  # fills self._links
+        links = self._links.get(index, ())
+        if not links:
+            return UNSUPPORTED
+        peers: list[str] = []
+        for link in links:
+            state = _optional("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, h, link)
+            if state is UNSUPPORTED or int(state) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            kind = _optional("nvmlDeviceGetNvLinkRemoteDeviceType", pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            if kind is not UNSUPPORTED and int(kind) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                peers.append("nvswitch")
+                continue
+            pci = _optional("nvmlDeviceGetNvLinkRemotePciInfo", pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            if pci is not UNSUPPORTED:
+                peers.append(_text(pci.busId).upper())
+        return tuple(peers)
 
     # --- the hot path ------------------------------------------------------------------------------------------
 
@@ -618,11 +636,11 @@ class NvmlBackend:
         running = _optional(
             "nvmlDeviceGetComputeRunningProcesses_v3", pynvml.nvmlDeviceGetComputeRunningProcesses_v3, h
         )
-        if running is UNSUPPORTED:
-            running = _call(
+        if running is UNSUPPORTED:  # drivers before 510
+            running = _optional(
                 "nvmlDeviceGetComputeRunningProcesses_v2", pynvml.nvmlDeviceGetComputeRunningProcesses_v2, h
             )
-        if not running:
+        if isinstance(running, Unsupported) or not running:
             return ()
         sm_util = self._process_sm_util(index, h)
         by_pid: dict[int, GpuProcess] = {}

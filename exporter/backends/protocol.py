@@ -16,6 +16,7 @@ from exporter.backends.types import (
     MigInstance,
     MigProfile,
     SystemInfo,
+    Unsupported,
 )
 
 
@@ -61,6 +62,11 @@ class Backend(Protocol):
 
     def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
         """Destroy the compute instances and the GPU instance. Raises InUseError while processes run."""
+        ...
+
+    def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
+        """What each active NVLink of the card connects to: the peer's PCI bus id, or ``"nvswitch"`` for a link to
+        an NVSwitch (one entry per active link). UNSUPPORTED when the card has no NVLink. Read rarely (topology)."""
         ...
 
     def wait_event(self, timeout_s: float) -> DeviceEvent | None:

@@ -25,6 +25,9 @@ class ProcessSpec:
     memory_bytes: int
     load: float  # share of the card's SMs this process keeps busy, 0..1
     gpu_instance_id: int | None = None
+    namespace: str = ""  # simulation of pod attribution: the pod the process runs in ("" = not in a pod)
+    pod: str = ""
+    container: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,9 @@ def parse_scenario(data: dict[str, Any], *, source: str = "scenario") -> Scenari
                 memory_bytes=int(_get(raw, "memory_mib", int, where)) * 2**20,
                 load=load,
                 gpu_instance_id=int(gi) if gi is not None else None,
+                namespace=str(raw.get("namespace", "default" if raw.get("pod") else "")),
+                pod=str(raw.get("pod", "")),
+                container=str(raw.get("container", "")),
             )
         )
 

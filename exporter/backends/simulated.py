@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,7 +48,7 @@ MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
 NVLINK_BYTES_PER_SECOND_BUSY = 150e9  # per card, all links, at full load
 PCIE_BYTES_PER_SECOND_BUSY = 8e9
-HANGABLE_CALLS = ("device_info", "sample", "processes", "mig_instances", "mig_profiles", "*")
+HANGABLE_CALLS = ("device_info", "sample", "processes", "mig_instances", "mig_profiles", "nvlink_peers", "*")
 
 
 @dataclass
@@ -67,6 +68,29 @@ class _Proc:
     memory_bytes: int
     load: float
     gpu_instance_id: int | None
+    pod: PodPlacement | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """Simulation only: the Kubernetes pod a simulated process runs in (read by the simulated node's proc tree)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedWorkload:
+    """Simulation only: one simulated GPU process and where it lives, for the simulated proc tree and kubelet."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    name: str
+    gpu_instance_id: int | None
+    mig_uuid: str | None
+    pod: PodPlacement | None
 
 
 @dataclass
@@ -134,7 +158,8 @@ class SimulatedBackend:
         self._cards = [self._new_card(i) for i in range(len(scenario.cards))]
         for spec in scenario.processes:
             card = self._cards[spec.gpu]
-            card.procs[spec.pid] = _Proc(spec.pid, spec.name, spec.memory_bytes, spec.load, spec.gpu_instance_id)
+            pod = PodPlacement(spec.namespace, spec.pod, spec.container or "main") if spec.pod else None
+            card.procs[spec.pid] = _Proc(spec.pid, spec.name, spec.memory_bytes, spec.load, spec.gpu_instance_id, pod)
         for inst in scenario.mig_instances:
             self._create_gi(self._cards[inst.gpu], inst.profile_id, inst.placement_start)
 
@@ -280,7 +305,9 @@ class SimulatedBackend:
                     pid=p.pid,
                     used_memory_bytes=p.memory_bytes,
                     sm_utilization_ratio=round(min(1.0, p.load * wobble), 4),
-                    gpu_instance_id=p.gpu_instance_id if card.mig_current and p.gpu_instance_id else UNSUPPORTED,
+                    gpu_instance_id=(
+                        p.gpu_instance_id if card.mig_current and p.gpu_instance_id is not None else UNSUPPORTED
+                    ),
                     name=p.name,
                 )
                 for p in sorted(card.procs.values(), key=lambda p: p.pid)
@@ -312,6 +339,36 @@ class SimulatedBackend:
             memory_total_bytes=gi.profile.memory_mib * 2**20,
             memory_used_bytes=used,
         )
+
+    def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
+        """From the scenario's ``[topology] nvlink``: "nvswitch" puts every link that is up on an NVSwitch."""
+        card = self._enter(index, "nvlink_peers", "nvmlDeviceGetNvLinkRemoteDeviceType")
+        topology = self.scenario.extra.get("topology")
+        mode = topology.get("nvlink", "none") if isinstance(topology, dict) else "none"
+        with card.lock:
+            if not card.links or mode != "nvswitch":
+                return UNSUPPORTED
+            return tuple("nvswitch" for link in card.links if link.state is LinkState.UP)
+
+    def workloads(self) -> tuple[SimulatedWorkload, ...]:
+        """Simulation only: every simulated process with its card, MIG device and pod."""
+        out: list[SimulatedWorkload] = []
+        for card in self._cards:
+            with card.lock:
+                for p in sorted(card.procs.values(), key=lambda p: p.pid):
+                    gi = card.mig.get(p.gpu_instance_id) if card.mig_current and p.gpu_instance_id else None
+                    out.append(
+                        SimulatedWorkload(
+                            gpu=card.index,
+                            uuid=card.uuid,
+                            pid=p.pid,
+                            name=p.name,
+                            gpu_instance_id=gi.gpu_instance_id if gi else None,
+                            mig_uuid=gi.uuid if gi else None,
+                            pod=p.pod,
+                        )
+                    )
+        return tuple(out)
 
     # ----- MIG writes --------------------------------------------------------------------------------------
 
@@ -493,11 +550,13 @@ class SimulatedBackend:
         memory = _int(p, "memory_mib", default=1024, minimum=0) * 2**20
         load = _float(p, "load", default=0.5)
         gi = _int(p, "gpu_instance_id", default=0, minimum=0) or None
+        pod = _pod_placement(p)
         with card.lock:
             if any(pid in c.procs for c in self._cards):
                 raise ValueError(f"pid {pid} already runs on a simulated GPU")
-            card.procs[pid] = _Proc(pid, p.get("name", "python3"), memory, load, gi)
-        return f"process {pid} started on GPU {card.index} with {memory // 2**20} MiB"
+            card.procs[pid] = _Proc(pid, p.get("name", "python3"), memory, load, gi, pod)
+        where = f" in pod {pod.namespace}/{pod.pod} container {pod.container}" if pod else ""
+        return f"process {pid} started on GPU {card.index} with {memory // 2**20} MiB{where}"
 
     def _fault_process_exit(self, card: _Card, p: dict[str, str]) -> str:
         pid = _int(p, "pid", minimum=1)
@@ -612,7 +671,9 @@ FAULT_PARAMS: Mapping[str, frozenset[str]] = {
     "nvlink_errors": frozenset({"link", "crc", "replay", "recovery"}),
     "gpu_lost": frozenset(),
     "hang": frozenset({"call"}),
-    "process_start": frozenset({"pid", "name", "memory_mib", "load", "gpu_instance_id"}),
+    "process_start": frozenset(
+        {"pid", "name", "memory_mib", "load", "gpu_instance_id", "pod", "namespace", "container"}
+    ),
     "process_exit": frozenset({"pid"}),
     "orphan_memory": frozenset({"memory_mib"}),
     "compute_mode": frozenset({"mode"}),
@@ -639,6 +700,22 @@ def _int(p: Mapping[str, str], key: str, *, default: int | None = None, minimum:
     return value
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _pod_placement(p: Mapping[str, str]) -> PodPlacement | None:
+    """pod=NAME [namespace=NS] [container=NAME] -> where the process runs; names must be valid Kubernetes names."""
+    if "pod" not in p:
+        if "namespace" in p or "container" in p:
+            raise ValueError("parameters 'namespace' and 'container' need 'pod'")
+        return None
+    placement = PodPlacement(p.get("namespace", "default"), p["pod"], p.get("container", "main"))
+    for key, value in (("pod", placement.pod), ("namespace", placement.namespace), ("container", placement.container)):
+        if not _DNS_LABEL.match(value):
+            raise ValueError(f"parameter {key!r} must be a lowercase DNS label (a-z, 0-9, '-'), got {value!r}")
+    return placement
+
+
 def _float(p: Mapping[str, str], key: str, *, default: float) -> float:
     raw = p.get(key)
     if raw is None:
@@ -652,4 +729,4 @@ def _float(p: Mapping[str, str], key: str, *, default: float) -> float:
     return value
 
 
-__all__ = ["FAULT_PARAMS", "SimulatedBackend"]
+__all__ = ["FAULT_PARAMS", "PodPlacement", "SimulatedBackend", "SimulatedWorkload"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from healthd.commands import simulate
+from healthd.commands import faults, health, hook, simulate, topology
 
-COMMANDS = (simulate,)
+COMMANDS = (simulate, faults, health, hook, topology)

@@ -1,0 +1,237 @@
+"""Snapshot processes + cgroups + kubelet allocations -> who each GPU process belongs to.
+
+Runs once per Snapshot on the sampler thread (``update`` is a sampler subscriber), so a scrape only renders the
+finished, immutable ``Attribution``. How a process gets its labels, most certain first:
+
+1. its cgroup names a container id that kubelet's log directory maps to namespace/pod/container;
+2. its cgroup names a pod UID that the log directory maps to namespace/pod (container from the pod's only
+   container, or from the one container of that pod holding the device);
+3. its cgroup says "a Kubernetes pod" but nothing maps the UID: kubelet's pod-resources is asked who holds the
+   card (or MIG device); exactly one container -> that one. Several (a shared card) -> left unknown, never guessed;
+4. a Docker/Podman container outside Kubernetes: ``container`` is the short container id; a Slurm job: ``job``.
+
+The MPS server process serves every client on its card, so it is never given a pod.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exporter.attribution.cgroup import CgroupOwner
+from exporter.attribution.kubelet import KubeletPodResources, PodResourcesView, split_device_id
+from exporter.attribution.podlogs import PodLogIndex
+from exporter.attribution.resolver import ProcResolver
+from exporter.backends.types import GpuProcess, Unsupported
+from exporter.snapshot import GpuSnapshot, Snapshot
+
+MPS_SERVER_NAMES = frozenset({"nvidia-cuda-mps-server"})
+INDEX_RETRY_SECONDS = 30.0  # a container id or pod UID the log index lacks triggers a rescan at most this often
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    job: str = ""  # Slurm job id
+
+
+_NOBODY = Workload()
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedProcess:
+    gpu: int
+    uuid: str  # the card's UUID (join key with card metrics)
+    gpu_instance_id: str  # MIG GPU instance, "" when the process runs on the whole card
+    pid: int
+    name: str
+    used_memory_bytes: int | None  # None: NVML does not say
+    sm_utilization_ratio: float | None
+    workload: Workload
+    mps_server: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A kubelet device allocation resolved to a card (and MIG instance) of this node."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource_name: str
+    device_id: str
+    gpu: int
+    uuid: str
+    gpu_instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    seq: int  # the Snapshot it was computed from
+    processes: tuple[AttributedProcess, ...]
+    allocations: tuple[Allocation, ...]
+    kubelet: PodResourcesView | None  # None: kubelet client off
+    unmatched_device_ids: int  # allocations naming no device of this node (another vendor, unknown id form)
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    gpu: int
+    uuid: str
+    gpu_instance_id: str
+
+
+def _device_index(snapshot: Snapshot) -> dict[str, _Device]:
+    """Every id kubelet may use for a device here: GPU UUID, MIG device UUID, nvidiaN (minor number)."""
+    out: dict[str, _Device] = {}
+    for gpu in snapshot.gpus:
+        if gpu.info is None:
+            continue
+        out[gpu.info.uuid] = _Device(gpu.index, gpu.info.uuid, "")
+        if isinstance(gpu.info.minor_number, int):
+            out[f"nvidia{gpu.info.minor_number}"] = _Device(gpu.index, gpu.info.uuid, "")
+        for inst in gpu.mig_instances:
+            out[inst.uuid] = _Device(gpu.index, gpu.info.uuid, str(inst.gpu_instance_id))
+    return out
+
+
+class Attributor:
+    def __init__(
+        self,
+        resolver: ProcResolver,
+        *,
+        pod_index: PodLogIndex | None = None,
+        kubelet: KubeletPodResources | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.resolver = resolver
+        self.pod_index = pod_index
+        self.kubelet = kubelet
+        self._monotonic = monotonic
+        self._index_refreshed = False
+        self._misses: dict[str, float] = {}  # container id / pod UID -> when it last triggered a rescan
+        self._latest: Attribution | None = None
+        self._lock = threading.Lock()
+
+    def latest(self) -> Attribution | None:
+        with self._lock:
+            return self._latest
+
+    def update(self, snapshot: Snapshot) -> Attribution:
+        kubelet_view = self.kubelet.view() if self.kubelet is not None else None
+        devices = _device_index(snapshot)
+        allocations, unmatched = self._allocations(kubelet_view, devices)
+        holders: dict[tuple[str, str], set[Workload]] = {}  # (uuid, gpu_instance_id) -> containers holding it
+        for a in allocations:
+            holders.setdefault((a.uuid, a.gpu_instance_id), set()).add(Workload(a.namespace, a.pod, a.container))
+        if not self._index_refreshed and self.pod_index is not None:
+            self.pod_index.refresh()
+            self._index_refreshed = True
+        processes: list[AttributedProcess] = []
+        live: list[int] = []
+        for gpu in snapshot.gpus:
+            if not gpu.fresh or gpu.info is None:
+                continue
+            for proc in gpu.processes:
+                live.append(proc.pid)
+                processes.append(self._attribute(gpu, proc, holders))
+        self.resolver.retain(live)
+        result = Attribution(snapshot.seq, tuple(processes), tuple(allocations), kubelet_view, unmatched)
+        with self._lock:
+            self._latest = result
+        return result
+
+    # ----- internals ---------------------------------------------------------------------------------------
+
+    def _attribute(
+        self,
+        gpu: GpuSnapshot,
+        proc: GpuProcess,
+        holders: dict[tuple[str, str], set[Workload]],
+    ) -> AttributedProcess:
+        pid = proc.pid
+        gi = "" if isinstance(proc.gpu_instance_id, Unsupported) else str(proc.gpu_instance_id)
+        identity = self.resolver.resolve(pid)
+        name = proc.name or (identity.comm if identity else "")
+        mps = name in MPS_SERVER_NAMES
+        workload = _NOBODY
+        if identity is not None and not mps:
+            workload = self._workload(identity.owner, holders.get((gpu.uuid, gi), set()))
+        memory = None if isinstance(proc.used_memory_bytes, Unsupported) else proc.used_memory_bytes
+        sm = None if isinstance(proc.sm_utilization_ratio, Unsupported) else proc.sm_utilization_ratio
+        return AttributedProcess(gpu.index, gpu.uuid, gi, pid, name, memory, sm, workload, mps)
+
+    def _workload(self, owner: CgroupOwner, holders: set[Workload]) -> Workload:
+        if owner.slurm_job:
+            return Workload(job=owner.slurm_job)
+        if owner.pod_uid:
+            return self._pod_workload(owner, holders)
+        if owner.container_id:
+            return Workload(container=owner.container_id[:12])
+        return _NOBODY
+
+    def _pod_workload(self, owner: CgroupOwner, holders: set[Workload]) -> Workload:
+        index = self.pod_index
+        if index is not None and owner.container_id:
+            ref = index.container(owner.container_id)
+            if ref is None and self._rescan_for(owner.container_id):
+                ref = index.container(owner.container_id)
+            if ref is not None:
+                return Workload(ref.namespace, ref.pod, ref.container)
+        if index is not None:
+            pod = index.pod(owner.pod_uid)
+            if pod is None and self._rescan_for(owner.pod_uid):
+                pod = index.pod(owner.pod_uid)
+            if pod is not None:
+                if len(pod.containers) == 1:
+                    return Workload(pod.namespace, pod.pod, pod.containers[0])
+                mine = {h.container for h in holders if (h.namespace, h.pod) == (pod.namespace, pod.pod)}
+                return Workload(pod.namespace, pod.pod, mine.pop() if len(mine) == 1 else "")
+        if len(holders) == 1:
+            return next(iter(holders))
+        return _NOBODY  # shared card and no way to tell its pods apart: unknown, not guessed
+
+    def _rescan_for(self, key: str) -> bool:
+        """Rescan kubelet's log directory for an id it lacked: at once for a new container, then rarely, so an id
+        that will never be there (log directory not mounted) costs one listing per INDEX_RETRY_SECONDS."""
+        if self.pod_index is None:
+            return False
+        now = self._monotonic()
+        last = self._misses.get(key)
+        if last is not None and now - last < INDEX_RETRY_SECONDS:
+            return False
+        if len(self._misses) > 4096:  # ids of long-gone processes: forget them
+            self._misses = {k: t for k, t in self._misses.items() if now - t < INDEX_RETRY_SECONDS}
+        self._misses[key] = now
+        self.pod_index.refresh()
+        return True
+
+    @staticmethod
+    def _allocations(view: PodResourcesView | None, devices: dict[str, _Device]) -> tuple[list[Allocation], int]:
+        if view is None:
+            return [], 0
+        out: list[Allocation] = []
+        unmatched = 0
+        for a in view.allocations:
+            base, _replica = split_device_id(a.device_id)
+            device = devices.get(base)
+            if device is None:
+                unmatched += 1
+                continue
+            out.append(
+                Allocation(
+                    a.namespace,
+                    a.pod,
+                    a.container,
+                    a.resource_name,
+                    a.device_id,
+                    device.gpu,
+                    device.uuid,
+                    device.gpu_instance_id,
+                )
+            )
+        return out, unmatched

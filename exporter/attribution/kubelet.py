@@ -1,0 +1,214 @@
+"""kubelet pod-resources client (v1 PodResourcesLister: List and GetAllocatableResources) with a background refresh.
+
+Scrapes never call kubelet: a thread refreshes the cached device allocations every ``refresh_interval`` seconds.
+A missing socket means "not a Kubernetes node" and is reported once at info level. When kubelet restarts it
+replaces its socket; the client notices the new inode and opens a fresh channel at once instead of waiting out
+gRPC's reconnect back-off. After a failed refresh the last good allocations are kept for ``stale_after`` seconds,
+then dropped, so pod labels never outlive their pods for long.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+
+log = structlog.get_logger("kubelet")
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # kubelet's own limit for this API
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocation:
+    """One device id that kubelet gave one container, exactly as kubelet reports it."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource_name: str  # e.g. nvidia.com/gpu, nvidia.com/mig-1g.18gb
+    device_id: str  # e.g. GPU-<uuid>, MIG-<uuid>, GPU-<uuid>::3 (shared replica), nvidia0
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesView:
+    state: str  # "ok", "absent" (no socket: not a Kubernetes node), "error", "stopped" (never refreshed)
+    allocations: tuple[DeviceAllocation, ...] = ()
+    allocatable: tuple[tuple[str, str], ...] = ()  # (resource_name, device_id)
+    last_success: float | None = None  # unix time
+    error: str = ""
+    refreshes: int = 0
+    failures: int = 0
+
+
+class KubeletPodResources:
+    def __init__(
+        self,
+        socket_path: Path = DEFAULT_SOCKET,
+        *,
+        refresh_interval: float = 10.0,
+        call_timeout: float = 5.0,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if refresh_interval <= 0:
+            raise ValueError("refresh_interval must be > 0")
+        self.socket_path = socket_path
+        self.refresh_interval = refresh_interval
+        self.call_timeout = call_timeout
+        self.stale_after = stale_after if stale_after is not None else 3 * refresh_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._view = PodResourcesView(state="stopped")
+        self._channel: grpc.Channel | None = None
+        self._inode: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refreshes = 0
+        self._failures = 0
+
+    # ----- public ------------------------------------------------------------------------------------------
+
+    def view(self) -> PodResourcesView:
+        with self._lock:
+            return self._view
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kubelet-pod-resources", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._close_channel()
+
+    def refresh(self) -> PodResourcesView:
+        """One refresh now, on the calling thread (the background loop calls this; tests call it directly)."""
+        view = self._refresh()
+        with self._lock:
+            self._view = view
+        return view
+
+    # ----- internals ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:  # the refresher must outlive any surprise; the view says what went wrong
+                log.exception("pod-resources refresh failed unexpectedly")
+            self._stop.wait(self.refresh_interval)
+
+    def _refresh(self) -> PodResourcesView:
+        previous = self.view()
+        self._refreshes += 1
+        try:
+            st = os.stat(self.socket_path)
+        except FileNotFoundError:
+            self._close_channel()
+            if previous.state != "absent":
+                log.info("no kubelet pod-resources socket; kubelet allocations off", path=str(self.socket_path))
+            return PodResourcesView(state="absent", refreshes=self._refreshes, failures=self._failures)
+        except OSError as exc:
+            return self._failed(previous, f"cannot stat {self.socket_path}: {exc.strerror}")
+        inode = (st.st_dev, st.st_ino)
+        if self._channel is None or inode != self._inode:
+            if self._channel is not None:
+                log.info("kubelet pod-resources socket replaced; reconnecting", path=str(self.socket_path))
+            self._close_channel()
+            self._channel = grpc.insecure_channel(
+                f"unix:{self.socket_path}",
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)],
+            )
+            self._inode = inode
+        try:
+            allocations = self._list()
+            allocatable = self._allocatable()
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            name = code.name if code is not None else "UNKNOWN"
+            return self._failed(previous, f"{name}: {exc.details() if hasattr(exc, 'details') else exc}")
+        if previous.state != "ok":
+            log.info("kubelet pod-resources connected", path=str(self.socket_path), allocations=len(allocations))
+        return PodResourcesView(
+            state="ok",
+            allocations=allocations,
+            allocatable=allocatable,
+            last_success=self._clock(),
+            refreshes=self._refreshes,
+            failures=self._failures,
+        )
+
+    def _failed(self, previous: PodResourcesView, error: str) -> PodResourcesView:
+        self._failures += 1
+        if previous.state != "error" or previous.error.split(":")[0] != error.split(":")[0]:
+            log.warning("kubelet pod-resources refresh failed; keeping the last answer for a while", error=error)
+        keep = previous.last_success is not None and self._clock() - previous.last_success <= self.stale_after
+        return PodResourcesView(
+            state="error",
+            allocations=previous.allocations if keep else (),
+            allocatable=previous.allocatable if keep else (),
+            last_success=previous.last_success,
+            error=error,
+            refreshes=self._refreshes,
+            failures=self._failures,
+        )
+
+    def _stub(self) -> object:
+        from exporter.attribution.api.podresources.v1 import api_pb2_grpc
+
+        return api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _list(self) -> tuple[DeviceAllocation, ...]:
+        from exporter.attribution.api.podresources.v1 import api_pb2
+
+        stub = self._stub()
+        reply = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.call_timeout)  # type: ignore[attr-defined]
+        out: list[DeviceAllocation] = []
+        for pod in reply.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    out.extend(
+                        DeviceAllocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
+                        for device_id in devices.device_ids
+                    )
+        return tuple(out)
+
+    def _allocatable(self) -> tuple[tuple[str, str], ...]:
+        from exporter.attribution.api.podresources.v1 import api_pb2
+
+        stub = self._stub()
+        try:
+            reply = stub.GetAllocatableResources(  # type: ignore[attr-defined]
+                api_pb2.AllocatableResourcesRequest(), timeout=self.call_timeout
+            )
+        except grpc.RpcError as exc:
+            if hasattr(exc, "code") and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return ()  # kubelet before 1.21, or the feature gate off
+            raise
+        return tuple((d.resource_name, i) for d in reply.devices for i in d.device_ids)
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._inode = None
+
+
+def split_device_id(device_id: str) -> tuple[str, int | None]:
+    """``GPU-x::3`` -> (``GPU-x``, 3): the NVIDIA device plugin names shared (time-sliced/MPS) replicas this way."""
+    base, sep, replica = device_id.partition("::")
+    if sep and replica.isdigit():
+        return base, int(replica)
+    return device_id, None

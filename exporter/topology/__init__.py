@@ -1,0 +1,1 @@
+"""Device and network topology: GPUs, RDMA NICs, the links between them, and best-connected card sets."""

@@ -1,0 +1,199 @@
+"""Collect the topology off the request path, with deadlines, and keep the last good one.
+
+Topology changes only with a reboot or hotplug, so it is read at start and then rarely (``refresh_seconds``). The
+NVLink reads go through the backend, one worker per GPU: the real H200 hung for more than 100 s in an NVML topology
+call, so each card's read has a deadline; a card whose read does not return gets unknown NVLink peers and a warning,
+and no new read is started on it until the old one returns. The whole collection runs on its own worker with an
+overall deadline; requests and scrapes only ever read the cached result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
+
+import structlog
+
+from exporter.backends.errors import BackendError
+from exporter.backends.protocol import Backend
+from exporter.backends.types import UNSUPPORTED
+from exporter.snapshot import Snapshot
+from exporter.topology.discover import GpuIdentity, read_topology
+from exporter.topology.model import Topology
+from exporter.topology.sysfs import Sysfs
+
+log = structlog.get_logger("topology")
+RETRY_SECONDS = 10.0  # until a topology with every card exists
+
+
+@dataclass(frozen=True, slots=True)
+class RefresherConfig:
+    sysfs_root: str = "/sys"
+    deadline_seconds: float = 10.0  # whole collection
+    call_deadline_seconds: float = 5.0  # one card's NVLink read
+    refresh_seconds: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshStatus:
+    attempts: int
+    failures: int
+    timeouts: int
+    last_error: str | None
+    last_success_at: float | None
+
+
+class TopologyRefresher:
+    def __init__(
+        self,
+        backend: Backend,
+        snapshot: Callable[[], Snapshot | None],
+        config: RefresherConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_update: Callable[[Topology], None] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._snapshot = snapshot
+        self.config = config or RefresherConfig()
+        self._clock = clock
+        self._on_update = on_update
+        self._lock = threading.Lock()
+        self._latest: Topology | None = None
+        self._attempts = self._failures = self._timeouts = 0
+        self._last_error: str | None = None
+        self._last_success: float | None = None
+        self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topology")
+        self._collecting: Future[Topology] | None = None
+        self._gpu_pools: dict[int, ThreadPoolExecutor] = {}
+        self._gpu_calls: dict[int, Future[tuple[str, ...] | None]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def latest(self) -> Topology | None:
+        with self._lock:
+            return self._latest
+
+    def status(self) -> RefreshStatus:
+        with self._lock:
+            return RefreshStatus(self._attempts, self._failures, self._timeouts, self._last_error, self._last_success)
+
+    def refresh(self) -> Topology | None:
+        """Collect now (or join a collection under way) and wait at most the deadline; the cached result after."""
+        snap = self._snapshot()
+        identities = _identities(snap)
+        if snap is None or not snap.backend_up or identities is None:
+            self._record_error("GPU inventory not known yet (no card has answered its inventory call)")
+            return self.latest()
+        with self._lock:
+            self._attempts += 1
+            if self._collecting is None or self._collecting.done():
+                missing = tuple(g.index for g in snap.gpus if g.info is None)
+                self._collecting = self._collector.submit(self._collect, identities, missing)
+            future = self._collecting
+        try:
+            topology = future.result(timeout=self.config.deadline_seconds)
+        except FutureTimeout:
+            with self._lock:
+                self._timeouts += 1
+            self._record_error(f"timeout: topology collection exceeded {self.config.deadline_seconds:g}s")
+            return self.latest()
+        except Exception as exc:  # sysfs layout surprises must not take the daemon down
+            log.exception("topology collection failed")
+            self._record_error(f"{type(exc).__name__}: {exc}")
+            return self.latest()
+        with self._lock:
+            self._latest = topology
+            self._last_error = None
+            self._last_success = topology.collected_at
+        if self._on_update is not None:
+            try:
+                self._on_update(topology)
+            except Exception:
+                log.exception("topology update hook failed")
+        return topology
+
+    def start(self, first_wait: Callable[[float], bool] | None = None) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, args=(first_wait,), name="topology-refresh", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._collector.shutdown(wait=False, cancel_futures=True)
+        for pool in self._gpu_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, first_wait: Callable[[float], bool] | None) -> None:
+        if first_wait is not None:
+            first_wait(30.0)
+        while not self._stop.is_set():
+            topology = self.refresh()
+            # retry soon until every card is in, then rarely
+            snap = self._snapshot()
+            complete = topology is not None and snap is not None and len(topology.gpus) == len(snap.gpus)
+            self._stop.wait(self.config.refresh_seconds if complete else RETRY_SECONDS)
+
+    def _record_error(self, message: str) -> None:
+        with self._lock:
+            self._failures += 1
+            changed = self._last_error != message
+            self._last_error = message
+        if changed:
+            log.warning("topology not collected", error=message)
+
+    def _collect(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...] = ()) -> Topology:
+        started = time.monotonic()
+        warnings = [f"GPU {i}: inventory not known yet (driver calls not answered); left out" for i in missing]
+        futures: dict[int, Future[tuple[str, ...] | None]] = {}
+        for ident in identities:
+            previous = self._gpu_calls.get(ident.index)
+            if previous is not None and not previous.done():
+                # give a stuck read the rest of this collection's call deadline to come back, then start no new one
+                remaining = self.config.call_deadline_seconds - (time.monotonic() - started)
+                with contextlib.suppress(Exception):
+                    previous.result(timeout=max(remaining, 0.0))
+                if not previous.done():
+                    warnings.append(f"GPU {ident.index}: an earlier NVLink read has still not returned; peers unknown")
+                    continue
+            pool = self._gpu_pools.setdefault(
+                ident.index, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"topology-gpu{ident.index}")
+            )
+            futures[ident.index] = self._gpu_calls[ident.index] = pool.submit(self._peers, ident.index)
+        peers: dict[int, tuple[str, ...] | None] = {}
+        for index, future in futures.items():
+            remaining = self.config.call_deadline_seconds - (time.monotonic() - started)
+            try:
+                peers[index] = future.result(timeout=max(remaining, 0.0))
+            except FutureTimeout:
+                warnings.append(
+                    f"GPU {index}: nvlink_peers did not return within {self.config.call_deadline_seconds:g}s; "
+                    "peers unknown"
+                )
+            except BackendError as exc:
+                warnings.append(f"GPU {index}: nvlink_peers failed: {exc}")
+        topology = read_topology(Sysfs(self.config.sysfs_root), identities, peers, collected_at=self._clock())
+        if warnings:
+            topology = replace(topology, warnings=(*warnings, *topology.warnings))
+        return topology
+
+    def _peers(self, index: int) -> tuple[str, ...] | None:
+        result = self._backend.nvlink_peers(index)
+        return None if result is UNSUPPORTED else result
+
+
+def _identities(snap: Snapshot | None) -> tuple[GpuIdentity, ...] | None:
+    """The cards whose inventory is known; None when none is (a card stuck since start is left out for now)."""
+    if snap is None:
+        return None
+    out = tuple(
+        GpuIdentity(g.index, g.info.uuid, g.info.name, g.info.pci_bus_id) for g in snap.gpus if g.info is not None
+    )
+    return out or None

@@ -1,0 +1,128 @@
+"""`xpuctl faults list|watch`: the daemon's faults, and its fault stream (resumable by sequence number)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import grpc
+
+from healthd.faults.model import Action, Severity
+
+RECONNECT_MAX_SECONDS = 10.0
+
+
+def _enum_name(name: str, members: type[Action] | type[Severity], what: str) -> str:
+    """``reset_gpu`` -> ``ACTION_RESET_GPU`` (the proto enum value name)."""
+    try:
+        return f"{members.__name__.upper()}_{members[name.upper()].name}"
+    except KeyError:
+        choices = ", ".join(m.name.lower() for m in members)
+        raise ValueError(f"{what}: expected one of {choices}, got {name!r}") from None
+
+
+def _gpu(f: Any) -> str:
+    return str(f.gpu.index) if f.HasField("gpu") else "-"
+
+
+def _label(enum_name: str) -> str:
+    return enum_name.split("_", 1)[1].lower() if "_" in enum_name else enum_name.lower()
+
+
+def format_fault(f: Any) -> str:
+    from healthd.api.v1 import health_pb2 as pb
+
+    return (
+        f"{f.id}  {pb.FaultState.Name(f.state)[len('FAULT_STATE_') :].lower():8} gpu={_gpu(f):3} {f.check}/{f.code}"
+        f"  {pb.Severity.Name(f.severity)[len('SEVERITY_') :].lower()}"
+        f"  action={pb.Action.Name(f.action)[len('ACTION_') :].lower()}  count={f.count}  {f.message}"
+    )
+
+
+def format_record(r: Any) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.at))
+    detail = f"  ({r.detail})" if r.detail else ""
+    return f"seq={r.seq} {stamp} {r.kind:9} {format_fault(r.fault)}{detail}"
+
+
+def cmd_faults_list(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import health_pb2 as pb
+    from healthd.api.v1 import health_pb2_grpc as pb_grpc
+
+    if args.limit < 0:
+        raise ValueError("--limit: must not be negative")
+    request = pb.ListFaultsRequest(
+        gpu=args.gpu or "",
+        check=args.check or "",
+        limit=args.limit,
+        state=f"FAULT_STATE_{args.state.upper()}" if args.state else "FAULT_STATE_UNSPECIFIED",
+        min_action=_enum_name(args.min_action, Action, "--min-action") if args.min_action else "ACTION_UNSPECIFIED",
+        min_severity=_enum_name(args.min_severity, Severity, "--min-severity")
+        if args.min_severity
+        else "SEVERITY_UNSPECIFIED",
+    )
+    stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+    reply = stub.ListFaults(request, timeout=args.timeout)
+    if args.json:
+        from google.protobuf import json_format
+
+        print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+        return 0
+    for fault in reply.faults:
+        print(format_fault(fault))
+    if not reply.faults:
+        print("no faults", file=sys.stderr)
+    return 0
+
+
+def cmd_faults_watch(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    """Print each record; on UNAVAILABLE reconnect with the last seq seen, so nothing is missed or repeated."""
+    from healthd.api.v1 import health_pb2 as pb
+    from healthd.api.v1 import health_pb2_grpc as pb_grpc
+
+    last = args.after
+    delay = 0.5
+    while True:
+        stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            for item in stub.WatchFaults(pb.WatchFaultsRequest(after_seq=last), wait_for_ready=True):
+                delay = 0.5
+                if item.HasField("gap"):
+                    print(f"gap: records {item.gap.from_seq}..{item.gap.to_seq} were removed by retention", flush=True)
+                    last = item.gap.to_seq
+                    continue
+                print(format_record(item.record), flush=True)
+                last = item.record.seq
+                if args.count and args.count <= item.record.seq - args.after:
+                    return 0
+            return 0
+        except grpc.RpcError as exc:
+            err: Any = exc
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            print(f"xpuctl: connection lost ({err.details()}); resuming after seq {last}", file=sys.stderr)
+            time.sleep(delay)
+            delay = min(RECONNECT_MAX_SECONDS, delay * 2)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    faults = sub.add_parser("faults", help="list or watch the daemon's faults")
+    faults_sub = faults.add_subparsers(dest="action", required=True)
+    lst = faults_sub.add_parser("list", help="faults, oldest change first")
+    lst.add_argument("--gpu", help="GPU index or uuid")
+    lst.add_argument("--check", help="check name, e.g. xid, ecc")
+    lst.add_argument("--state", choices=["active", "resolved"])
+    lst.add_argument("--min-action", help="none, restart_app, reset_gpu, reboot_node, replace_node")
+    lst.add_argument("--min-severity", help="info, warning, critical, fatal")
+    lst.add_argument("--limit", type=int, default=0, help="at most this many (default 1000)")
+    lst.add_argument("--json", action="store_true", help="print the reply as JSON")
+    lst.set_defaults(func=cmd_faults_list)
+    watch = faults_sub.add_parser("watch", help="stream fault records as they happen (Ctrl-C to stop)")
+    watch.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this sequence number")
+    watch.add_argument("--count", type=int, default=0, help="exit after this many records (default: never)")
+    watch.set_defaults(func=cmd_faults_watch)
+
+
+__all__ = ["format_fault", "format_record", "register"]

@@ -1,0 +1,54 @@
+"""`xpuctl hook serve`: the reference standby-replacement hook (see healthd/faults/hookserver.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+import grpc
+
+from healthd.config import ConfigError, check_grpc_address
+
+
+def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.faults.hookserver import serve
+    from healthd.logs import configure_logging
+
+    try:
+        check_grpc_address(args.listen, "--listen")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not args.exec_command.strip():
+        raise ValueError("--exec: the command must not be empty")
+    configure_logging(args.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(args.listen, args.exec_command, args.state, command_timeout=args.command_timeout, stop=stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    hook = sub.add_parser("hook", help="the reference standby-replacement hook")
+    hook_sub = hook.add_subparsers(dest="action", required=True)
+    serve = hook_sub.add_parser(
+        "serve",
+        help="serve ReplacementHook: run CMD once per fault id with the fault as JSON on stdin",
+        description="Acknowledges a fault only after CMD exited 0 and the outcome was stored; a failing CMD is "
+        "answered UNAVAILABLE so the daemon retries. CMD runs under /bin/sh -c with XPU_FAULT_ID set.",
+    )
+    serve.add_argument("--listen", required=True, metavar="ADDR", help="unix:/path or HOST:PORT")
+    serve.add_argument("--exec", dest="exec_command", required=True, metavar="CMD", help="shell command to run")
+    serve.add_argument(
+        "--state", type=Path, default=Path("/var/lib/xpu-runtime-kit/hook.sqlite"), help="SQLite file of outcomes"
+    )
+    serve.add_argument("--command-timeout", type=float, default=300.0, help="seconds before CMD is killed")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    serve.set_defaults(func=cmd_hook_serve)

@@ -1,0 +1,51 @@
+"""`xpuctl topology`: the node's GPU/NIC matrix like `nvidia-smi topo -m`, or a best-connected card set.
+
+The daemon answers from its cached topology (collected with deadlines off the request path), and this command waits
+at most --timeout for the answer, so it never hangs on a stuck driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+
+
+def _ids(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from exporter.topology.matrix import render_matrix
+    from healthd.api.v1 import topology_pb2 as pb
+    from healthd.api.v1 import topology_pb2_grpc as pb_grpc
+    from healthd.topology_service import topology_from_pb
+
+    stub = pb_grpc.TopologyStub(channel)  # type: ignore[no-untyped-call]
+    if args.preferred is None:
+        reply = stub.Get(pb.GetTopologyRequest(), timeout=args.timeout)
+        print(render_matrix(topology_from_pb(reply)), end="")
+        return 0
+    if args.preferred < 1:
+        raise ValueError("--preferred: count must be at least 1")
+    reply = stub.PreferredAllocation(
+        pb.PreferredAllocationRequest(
+            count=args.preferred, available=_ids(args.available), must_include=_ids(args.must_include)
+        ),
+        timeout=args.timeout,
+    )
+    print(f"GPUs:       {','.join(str(g) for g in reply.gpus)}")
+    print(f"UUIDs:      {','.join(reply.uuids)}")
+    print(f"worst link: {reply.worst_link}{'' if reply.exact else ' (greedy search)'}")
+    print("NICs, nearest first:")
+    for nic in reply.nics:
+        print(f"  {nic.name:<10} {','.join(nic.netdevs):<14} {nic.link:<5} {nic.level:<17} nearest GPU{nic.gpu}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("topology", help="GPU/NIC topology matrix, or the best-connected set of N cards")
+    p.add_argument("--preferred", type=int, metavar="N", help="print the best-connected N cards and their NICs")
+    p.add_argument("--available", default="", metavar="IDS", help="comma-separated GPU indices or UUIDs (default all)")
+    p.add_argument("--must-include", default="", metavar="IDS", help="GPUs the set must contain")
+    p.set_defaults(func=cmd_topology)

@@ -1,0 +1,225 @@
+"""The reference ReplacementHook: dedup by fault id, run an operator's command with the fault as JSON on stdin.
+
+This is the piece an operator adapts to call their standby-swap API. What it promises:
+
+- A fault id whose command succeeded (exit 0) is never run again; a repeat delivery is acknowledged with
+  ``duplicate=true``. The outcome is stored in SQLite (synchronous=FULL) *before* the acknowledgement.
+- A command that fails (non-zero exit, or killed at the timeout) is recorded and answered with UNAVAILABLE, so
+  the daemon retries with backoff; the command then runs again on the next delivery. We chose a retryable error
+  over "ack and forget" because a swap that did not happen must not be lost; a command that should not be
+  retried can exit 0 after logging the problem itself.
+- If this server dies while the command runs, the id is recorded as started but not finished, and the next
+  delivery runs it again: at-least-once. The command gets XPU_FAULT_ID in its environment to make it idempotent
+  on the operator's side.
+
+Deliveries are handled one at a time (the daemon sends them in order and waits for each acknowledgement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from healthd.api.v1 import hook_pb2 as hpb
+from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
+
+log = structlog.get_logger("hookserver")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS executions (
+  fault_id TEXT PRIMARY KEY, node_name TEXT NOT NULL, seq INTEGER NOT NULL, action TEXT NOT NULL,
+  received_at REAL NOT NULL, started_at REAL, finished_at REAL, exit_code INTEGER, outcome TEXT NOT NULL DEFAULT '',
+  runs INTEGER NOT NULL DEFAULT 0, deliveries INTEGER NOT NULL DEFAULT 0);
+"""
+OUTPUT_TAIL = 2000
+MAX_SEQ = 2**63 - 1  # SQLite's largest integer
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    fault_id: str
+    exit_code: int | None
+    outcome: str
+    runs: int
+    deliveries: int
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0
+
+
+class ExecutionStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def get(self, fault_id: str) -> Execution | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT exit_code, outcome, runs, deliveries FROM executions WHERE fault_id = ?", (fault_id,)
+            ).fetchone()
+        return None if row is None else Execution(fault_id, row[0], row[1], int(row[2]), int(row[3]))
+
+    def received(self, fault_id: str, node: str, seq: int, action: str, now: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO executions (fault_id, node_name, seq, action, received_at, deliveries)"
+                " VALUES (?, ?, ?, ?, ?, 1)"
+                " ON CONFLICT (fault_id) DO UPDATE SET deliveries = deliveries + 1",
+                (fault_id, node, seq, action, now),
+            )
+
+    def started(self, fault_id: str, now: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE executions SET started_at = ?, finished_at = NULL, exit_code = NULL, outcome = 'running',"
+                " runs = runs + 1 WHERE fault_id = ?",
+                (now, fault_id),
+            )
+
+    def finished(self, fault_id: str, now: float, exit_code: int, outcome: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE executions SET finished_at = ?, exit_code = ?, outcome = ? WHERE fault_id = ?",
+                (now, exit_code, outcome, fault_id),
+            )
+
+
+def stdin_document(request: Any) -> bytes:
+    """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
+    try:
+        fault = json.loads(request.fault_json) if request.fault_json else None
+    except ValueError:
+        fault = None
+    if fault is None:
+        fault = {
+            "id": request.fault_id,
+            "check": request.check,
+            "code": request.code,
+            "severity": request.severity,
+            "action": request.action,
+            "message": request.message,
+            "gpu": None
+            if request.gpu_index < 0
+            else {"index": request.gpu_index, "uuid": request.gpu_uuid, "pci_bus_id": request.pci_bus_id},
+            "evidence": dict(request.evidence),
+            "first_seen": request.first_seen,
+            "last_seen": request.last_seen,
+            "count": request.count,
+            "boot_id": request.boot_id,
+        }
+    doc = {"idempotency_key": request.idempotency_key, "node_name": request.node_name, "seq": request.seq}
+    doc["fault"] = fault
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+class ReferenceHook(hpb_grpc.ReplacementHookServicer):
+    def __init__(self, store: ExecutionStore, command: str, *, command_timeout: float = 300.0) -> None:
+        self._store = store
+        self._command = command
+        self._timeout = command_timeout
+        self._lock = asyncio.Lock()
+
+    async def ReportFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        key = request.idempotency_key
+        if not key or len(key) > 256 or not key.isprintable():
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "idempotency_key: required, at most 256 printable characters"
+            )
+        if request.seq > MAX_SEQ:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seq: at most {MAX_SEQ}")
+        async with self._lock:
+            prior = await asyncio.to_thread(self._store.get, key)
+            await asyncio.to_thread(
+                self._store.received, key, request.node_name, request.seq, request.action, time.time()
+            )
+            if prior is not None and prior.succeeded:
+                log.info("duplicate delivery", fault_id=key)
+                return hpb.ReportFaultAck(duplicate=True, outcome=prior.outcome)
+            await asyncio.to_thread(self._store.started, key, time.time())
+            code, outcome = await self._run(request, key)
+            await asyncio.to_thread(self._store.finished, key, time.time(), code, outcome)
+        log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
+        if code != 0:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"hook command failed: {outcome}")
+        return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
+
+    async def _run(self, request: Any, key: str) -> tuple[int, str]:
+        env = {
+            **os.environ,
+            "XPU_FAULT_ID": key,
+            "XPU_NODE_NAME": _env_safe(request.node_name),
+            "XPU_FAULT_ACTION": _env_safe(request.action),
+            "XPU_FAULT_CODE": _env_safe(request.code),
+            "XPU_FAULT_SEQ": str(request.seq),
+        }
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                self._command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+            )
+        except OSError as exc:
+            return 127, f"cannot start command: {exc}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                out, _ = await proc.communicate(stdin_document(request))
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return -9, f"killed after {self._timeout:g}s"
+        tail = out.decode(errors="replace").strip()[-OUTPUT_TAIL:]
+        code = proc.returncode if proc.returncode is not None else -1
+        return code, f"exit {code}" + (f": {tail}" if tail else "")
+
+
+def _env_safe(value: str) -> str:
+    return value.replace("\x00", "")  # an environment value cannot hold NUL; the JSON on stdin has it all
+
+
+def _prepare_unix_socket(listen: str) -> None:
+    if listen.startswith("unix:"):
+        path = Path(listen[len("unix:") :])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a stale socket from a killed server
+
+
+async def serve(listen: str, command: str, state: Path, *, command_timeout: float, stop: asyncio.Event) -> None:
+    """Run the reference hook on ``listen`` (unix:PATH or HOST:PORT) until ``stop`` is set."""
+    store = ExecutionStore(state)
+    server = grpc.aio.server()
+    hpb_grpc.add_ReplacementHookServicer_to_server(  # type: ignore[no-untyped-call]
+        ReferenceHook(store, command, command_timeout=command_timeout), server
+    )
+    _prepare_unix_socket(listen)
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    log.info("reference hook listening", address=listen, state=str(state))
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(5.0)
+        store.close()

@@ -1,0 +1,115 @@
+"""Deliver queued faults to the replacement hooks: at-least-once, in sequence order, backoff with jitter.
+
+The outbox rows are written in the same transaction as the record that queued them, so a fault that was
+accepted is delivered even if the daemon dies right after. Each target has its own loop and its own order; the
+head item blocks the ones behind it until the hook acknowledges it (strict order beats throughput here: the
+hook sees the node's faults as they happened). The fault id is the idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from healthd.config import HookSettings
+from healthd.faults.convert import fault_report_pb
+from healthd.faults.journal import Journal
+from healthd.faults.notify import CommitSignal
+
+log = structlog.get_logger("hook")
+
+IDLE_RECHECK_SECONDS = 60.0
+
+
+def backoff_delay(attempts: int, initial: float, maximum: float, rng: random.Random) -> float:
+    """Exponential backoff with "equal jitter": half the step fixed, half random, so retries never line up."""
+    step = min(maximum, initial * (2.0 ** min(attempts, 60)))
+    return step / 2 + rng.uniform(0.0, step / 2)
+
+
+class HookDispatcher:
+    def __init__(
+        self,
+        journal: Journal,
+        settings: HookSettings,
+        signal: CommitSignal,
+        *,
+        node_name: str,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._journal = journal
+        self._s = settings
+        self._signal = signal
+        self._node = node_name
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.failures: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
+        self.delivered: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
+        self.depth: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
+
+    def start(self) -> None:
+        for target in self._s.endpoints:
+            self._tasks.append(asyncio.create_task(self._run(target), name=f"hook {target}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _run(self, target: str) -> None:
+        from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
+
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = hpb_grpc.ReplacementHookStub(channel)  # type: ignore[no-untyped-call]
+            while True:
+                try:
+                    await self._step(target, stub)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("hook dispatcher step failed", target=target)
+                    await asyncio.sleep(self._s.backoff_initial_seconds)
+
+    async def _step(self, target: str, stub: Any) -> None:
+        seen = self._signal.seq
+        item = await asyncio.to_thread(self._journal.outbox_head, target)
+        depth = await asyncio.to_thread(self._journal.outbox_depth)
+        self.depth[target] = depth.get(target, 0)
+        if item is None:
+            try:
+                async with asyncio.timeout(IDLE_RECHECK_SECONDS):
+                    await self._signal.wait_beyond(seen)
+            except TimeoutError:
+                pass
+            return
+        wait = item.next_attempt_at - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+            return
+        request = fault_report_pb(item.payload, item.seq, self._node)
+        try:
+            ack = await stub.ReportFault(request, timeout=self._s.timeout_seconds)
+        except grpc.aio.AioRpcError as exc:
+            self.failures[target] = self.failures.get(target, 0) + 1
+            delay = backoff_delay(
+                item.attempts, self._s.backoff_initial_seconds, self._s.backoff_max_seconds, self._rng
+            )
+            error = f"{exc.code().name}: {exc.details()}"
+            await asyncio.to_thread(self._journal.outbox_failed, target, item.seq, self._clock() + delay, error)
+            log.warning(
+                "hook delivery failed", target=target, fault_id=item.fault_id, attempt=item.attempts + 1,
+                retry_in=round(delay, 3), error=error,
+            )  # fmt: skip
+            return
+        await asyncio.to_thread(self._journal.outbox_delivered, target, item.seq, self._clock())
+        self.delivered[target] = self.delivered.get(target, 0) + 1
+        log.info("hook delivered", target=target, fault_id=item.fault_id, seq=item.seq, outcome=ack.outcome)

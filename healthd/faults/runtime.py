@@ -1,0 +1,77 @@
+"""The fault pipeline as the daemon runs it: journal, engine, hook dispatcher, Health service, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+
+import structlog
+
+from healthd.config import FaultsSettings, HookSettings
+from healthd.faults.engine import FaultEngine, read_boot_id
+from healthd.faults.journal import Journal
+from healthd.faults.metrics import FaultMetricsCollector
+from healthd.faults.model import Action
+from healthd.faults.notify import CommitSignal
+from healthd.faults.outbox import HookDispatcher
+from healthd.faults.service import HealthService
+
+log = structlog.get_logger("faults")
+
+JOURNAL_FILE = "faults.sqlite"
+TICK_SECONDS = 10.0
+
+
+class FaultRuntime:
+    """``engine`` is the sink the probe runner calls (``report()``/``event()``), from the loop or any thread."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        faults: FaultsSettings,
+        hook: HookSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        boot_id: str | None = None,
+    ) -> None:
+        self.journal = journal
+        self.engine = FaultEngine(
+            journal,
+            faults,
+            boot_id=boot_id if boot_id is not None else read_boot_id(faults.boot_id_path),
+            hook_targets=hook.endpoints,
+            hook_min_action=Action[hook.min_action.upper()],
+            clock=clock,
+        )
+        self.signal = CommitSignal(journal.last_seq)
+        self.engine.add_listener(self.signal.notify)
+        self.dispatcher = HookDispatcher(
+            journal, hook, self.signal, node_name=hook.node_name or socket.gethostname(), clock=clock
+        )
+        self.service = HealthService(self.engine, self.signal)
+        self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.signal.attach(asyncio.get_running_loop())
+        self.dispatcher.start()
+        self._ticker = asyncio.create_task(self._tick_forever(), name="fault engine tick")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        await self.dispatcher.stop()
+        await asyncio.to_thread(self.journal.close)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.engine.tick)
+            except Exception:
+                log.exception("fault engine tick failed")
+            await asyncio.sleep(TICK_SECONDS)

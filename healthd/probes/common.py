@@ -1,0 +1,99 @@
+"""Small helpers every probe shares: GPU references, stale-card results, report assembly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from exporter.snapshot import GpuSnapshot
+from healthd.faults.model import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+
+
+def gpu_ref(gpu: GpuSnapshot) -> GpuRef:
+    """The identity a finding carries; a card that never answered its inventory call has an empty uuid/bus id."""
+    if gpu.info is None:
+        return GpuRef(index=gpu.index, uuid="", pci_bus_id="")
+    return GpuRef(index=gpu.index, uuid=gpu.info.uuid, pci_bus_id=gpu.info.pci_bus_id)
+
+
+def status_of(findings: Iterable[Finding]) -> CheckStatus:
+    """The check status a set of findings implies: the worst of them, OK when there are none."""
+    worst = max((f.severity for f in findings), default=None)
+    if worst is None or worst is Severity.INFO:
+        return CheckStatus.OK
+    if worst is Severity.WARNING:
+        return CheckStatus.WARNING
+    return CheckStatus.FAILED
+
+
+def stale_detail(gpu: GpuSnapshot) -> str:
+    return gpu.error or "no sample yet"
+
+
+class ReportBuilder:
+    """Collects one evaluation's results and findings; per-GPU status follows from that GPU's findings."""
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+        self._results: list[CheckResult] = []
+        self._findings: list[Finding] = []
+
+    def finding(self, finding: Finding) -> None:
+        self._findings.append(finding)
+
+    def result(self, gpu: GpuRef | None, status: CheckStatus, detail: str = "") -> None:
+        self._results.append(CheckResult(self.check, gpu, status, detail))
+
+    def gpu_done(self, gpu: GpuRef, findings: list[Finding], ok_detail: str = "") -> None:
+        """Record ``findings`` for ``gpu`` and its status (worst finding; OK with ``ok_detail`` when none)."""
+        self._findings.extend(findings)
+        detail = "; ".join(f.message for f in findings) if findings else ok_detail
+        self.result(gpu, status_of(findings), detail)
+
+    def stale(self, gpu: GpuSnapshot) -> None:
+        self.result(gpu_ref(gpu), CheckStatus.UNKNOWN, stale_detail(gpu))
+
+    def unsupported(self, gpu: GpuRef, detail: str) -> None:
+        self.result(gpu, CheckStatus.UNSUPPORTED, detail)
+
+    def build(self) -> ProbeReport:
+        return ProbeReport(self.check, tuple(self._results), tuple(merge_same_code(self._findings)))
+
+
+def merge_same_code(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per (code, GPU): the fault engine keys conditions on check, code and GPU, so two down links of
+    one card (or two stuck processes) become one finding with both messages, the worst severity and action, and
+    each evidence value joined with commas."""
+    groups: dict[tuple[str, GpuRef | None], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.code, f.gpu), []).append(f)
+    out: list[Finding] = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        joined: dict[str, list[str]] = {}
+        for f in group:
+            for key, value in f.evidence.items():
+                values = joined.setdefault(key, [])
+                if value not in values:
+                    values.append(value)
+        first = group[0]
+        out.append(
+            Finding(
+                check=first.check,
+                code=first.code,
+                severity=max(f.severity for f in group),
+                action=max(f.action for f in group),
+                message="; ".join(dict.fromkeys(f.message for f in group)),
+                gpu=first.gpu,
+                evidence=MappingProxyType({k: ",".join(v) for k, v in joined.items()}),
+                kind=first.kind,
+            )
+        )
+    return out
+
+
+def evidence(**values: object) -> Mapping[str, str]:
+    """Evidence mapping with every value as a string (findings keep evidence as str -> str), read-only."""
+    return MappingProxyType({k: str(v) for k, v in values.items()})

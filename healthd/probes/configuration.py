@@ -1,0 +1,133 @@
+"""Compute mode and configuration anomalies: unexpected compute mode, MIG or ECC mode change pending, persistence off.
+
+None of these is a hardware fault, so none asks for more than a GPU reset (a pending MIG/ECC mode change is
+applied by one). A pending change must last ``pending_grace_seconds`` before it is reported, so the partition
+service's own MIG switch (set mode, then reset) is not flagged while it is in progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.backends.types import ComputeMode, DeviceSample, Unsupported
+from exporter.snapshot import Snapshot
+from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+
+CHECK = "configuration"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigurationExpectations:
+    # None: do not check. Default compute mode is what nvidia-smi shows on a stock node (H200 capture: Default).
+    compute_mode: ComputeMode | None = ComputeMode.DEFAULT
+    # GPUd persistence-mode component: supported but disabled -> unhealthy; NVSentinel: non-fatal. A warning here.
+    persistence_mode: bool | None = True
+    ecc_enabled: bool | None = True
+    pending_grace_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.pending_grace_seconds < 0:
+            raise ValueError("pending_grace_seconds must be >= 0")
+
+
+def _mode_name(mode: ComputeMode) -> str:
+    return mode.name.lower()
+
+
+class ConfigurationProbe:
+    name = CHECK
+
+    def __init__(self, expected: ConfigurationExpectations | None = None) -> None:
+        self.expected = expected or ConfigurationExpectations()
+        self._pending_since: dict[tuple[str, str], float] = {}
+
+    def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
+        report = ReportBuilder(CHECK)
+        for g in snapshot.gpus:
+            if not g.fresh or g.sample is None:
+                report.stale(g)
+                continue
+            ref = gpu_ref(g)
+            key = g.uuid or str(g.index)
+            findings = self._compute_mode(ref, g.sample) + self._persistence(ref, g.sample) + self._ecc(ref, g.sample)
+            findings += self._pending(ref, key, "mig", g.sample.mig_mode_current, g.sample.mig_mode_pending, now)
+            findings += self._pending(ref, key, "ecc", g.sample.ecc.enabled_current, g.sample.ecc.enabled_pending, now)
+            report.gpu_done(ref, findings, "configuration as expected")
+        return report.build()
+
+    def _compute_mode(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
+        want = self.expected.compute_mode
+        mode = s.compute_mode
+        if want is None or isinstance(mode, Unsupported) or mode is want:
+            return []
+        # Prohibited means no CUDA context can be created at all: the card is useless for work until changed.
+        severity = Severity.CRITICAL if mode is ComputeMode.PROHIBITED else Severity.WARNING
+        return [
+            Finding(
+                CHECK,
+                "compute_mode_unexpected",
+                severity,
+                Action.NONE,
+                f"compute mode is {_mode_name(mode)}, expected {_mode_name(want)}",
+                ref,
+                evidence(compute_mode=_mode_name(mode), expected=_mode_name(want)),
+            )
+        ]
+
+    def _persistence(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
+        want = self.expected.persistence_mode
+        if want is None or isinstance(s.persistence_mode, Unsupported) or s.persistence_mode is want:
+            return []
+        state = "on" if s.persistence_mode else "off"
+        return [
+            Finding(
+                CHECK,
+                "persistence_mode_unexpected",
+                Severity.WARNING,
+                Action.NONE,
+                f"persistence mode is {state}, expected {'on' if want else 'off'}",
+                ref,
+                evidence(persistence_mode=state),
+            )
+        ]
+
+    def _ecc(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
+        want = self.expected.ecc_enabled
+        if want is None or isinstance(s.ecc.enabled_current, Unsupported) or s.ecc.enabled_current is want:
+            return []
+        state = "enabled" if s.ecc.enabled_current else "disabled"
+        return [
+            Finding(
+                CHECK,
+                "ecc_mode_unexpected",
+                Severity.WARNING,
+                Action.NONE,
+                f"ECC is {state}, expected {'enabled' if want else 'disabled'}",
+                ref,
+                evidence(ecc=state),
+            )
+        ]
+
+    def _pending(
+        self, ref: GpuRef, key: str, what: str, current: bool | Unsupported, pending: bool | Unsupported, now: float
+    ) -> list[Finding]:
+        if isinstance(current, Unsupported) or isinstance(pending, Unsupported) or current == pending:
+            self._pending_since.pop((key, what), None)
+            return []
+        since = self._pending_since.setdefault((key, what), now)
+        if now - since < self.expected.pending_grace_seconds:
+            return []
+        label = "MIG" if what == "mig" else "ECC"
+        return [
+            Finding(
+                CHECK,
+                f"{what}_mode_pending",
+                Severity.WARNING,
+                Action.RESET_GPU,
+                f"{label} mode change to {'enabled' if pending else 'disabled'} is pending: it takes effect at the "
+                f"next GPU reset (pending for {now - since:.0f}s)",
+                ref,
+                evidence(current=current, pending=pending, pending_seconds=round(now - since)),
+            )
+        ]

@@ -1,0 +1,276 @@
+"""Driver health: NVML init failure, kernel module vs library version, lost / reset-required cards, calls past their
+deadline (a hung driver), the driver's own recovery-action verdict, and processes stuck in D state in the driver.
+
+Reads, besides the Snapshot: ``<proc>/driver/nvidia/version`` (the loaded kernel module's version),
+``<proc>/<pid>/stat`` of every process (state field), and for processes in state D only ``<proc>/<pid>/wchan`` and
+``<proc>/<pid>/stack`` (the latter needs root; without it wchan and the process name are used).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.backends.types import Unsupported
+from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+
+CHECK = "driver"
+_MODULE_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h NVML_GPU_RECOVERY_ACTION_*) -> (name, severity, action).
+# DCGM MonitorGpuRecoveryAction: GPU_RESET / NODE_REBOOT / DRAIN_AND_RESET -> FAIL, DRAIN_P2P -> WARN.
+RECOVERY_ACTIONS: dict[int, tuple[str, Severity, Action]] = {
+    1: ("gpu_reset", Severity.CRITICAL, Action.RESET_GPU),
+    2: ("node_reboot", Severity.CRITICAL, Action.REBOOT_NODE),
+    3: ("drain_p2p", Severity.WARNING, Action.NONE),
+    4: ("drain_and_reset", Severity.CRITICAL, Action.RESET_GPU),
+    5: ("recover_imex_domain", Severity.WARNING, Action.NONE),
+    6: ("bus_reset", Severity.CRITICAL, Action.RESET_GPU),
+    7: ("system_reboot", Severity.CRITICAL, Action.REBOOT_NODE),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSettings:
+    proc_root: Path | None = Path("/proc")  # None: no kernel-module or D-state checks (simulated node)
+    # A call past its deadline is a warning at once and critical when the card stays stuck this long; GPUd reboots
+    # after a D-state nvidia process persists 5 one-minute checks.
+    hang_after_seconds: float = 300.0
+    dstate_after_seconds: float = 300.0
+    # The /proc walk costs ~30 us per process (bench/probes.py); once every 30 s is plenty for a 300 s threshold.
+    dstate_scan_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.hang_after_seconds <= 0 or self.dstate_after_seconds <= 0:
+            raise ValueError("hang_after_seconds and dstate_after_seconds must be > 0")
+        if self.dstate_scan_seconds < 0:
+            raise ValueError("dstate_scan_seconds must be >= 0")
+
+
+def read_module_version(proc_root: Path) -> str | None:
+    """The loaded NVIDIA kernel module's version from /proc/driver/nvidia/version, None when absent."""
+    try:
+        text = (proc_root / "driver" / "nvidia" / "version").read_text(errors="replace")
+    except OSError:
+        return None
+    m = _MODULE_VERSION_RE.search(text)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class StuckProcess:
+    pid: int
+    start_ticks: int  # stat field 22: tells a reused pid apart
+    comm: str
+    where: str  # wchan or the matching stack frame
+
+
+def scan_dstate(proc_root: Path) -> list[StuckProcess]:
+    """Processes in uninterruptible sleep (D) inside the NVIDIA driver, best effort (races are skipped)."""
+    out: list[StuckProcess] = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        base = proc_root / name
+        try:
+            stat = (base / "stat").read_text(errors="replace")
+        except OSError:
+            continue
+        lparen, rparen = stat.find("("), stat.rfind(")")
+        if lparen < 0 or rparen < lparen:
+            continue
+        comm = stat[lparen + 1 : rparen]
+        rest = stat[rparen + 2 :].split()
+        if not rest or rest[0] != "D":
+            continue
+        try:
+            start = int(rest[19])  # field 22 overall; rest starts at field 3
+        except (IndexError, ValueError):
+            start = 0
+        where = _nvidia_frame(base)
+        if where or comm.startswith("nvidia"):
+            out.append(StuckProcess(int(name), start, comm, where or "(process name)"))
+    return out
+
+
+def _nvidia_frame(base: Path) -> str:
+    for part in ("wchan", "stack"):
+        try:
+            text = (base / part).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines() or [text]:
+            if "[nvidia" in line or "nvidia" in line.split("+")[0] or line.startswith(("nv_", "os_", "uvm_")):
+                return line.strip()[:200]
+    return ""
+
+
+class DriverProbe:
+    name = CHECK
+
+    def __init__(self, settings: DriverSettings | None = None) -> None:
+        self.settings = settings or DriverSettings()
+        self._stuck_since: dict[str, float] = {}
+        self._dstate_since: dict[tuple[int, int], float] = {}
+        self._dstate_current: dict[tuple[int, int], StuckProcess] = {}
+        self._dstate_scanned_at: float | None = None
+
+    def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
+        report = ReportBuilder(CHECK)
+        node: list[Finding] = []
+        if not snapshot.backend_up:
+            node.append(self._library_down(snapshot.backend_error or "driver library not initialised"))
+        node += self._module_version(snapshot)
+        node += self._dstate(now)
+        self._node_result(report, node, snapshot)
+        for g in snapshot.gpus:
+            self._gpu(report, g, now)
+        return report.build()
+
+    def _node_result(self, report: ReportBuilder, node: list[Finding], snapshot: Snapshot) -> None:
+        for f in node:
+            report.finding(f)
+        if node:
+            worst = max(f.severity for f in node)
+            status = CheckStatus.WARNING if worst <= Severity.WARNING else CheckStatus.FAILED
+            report.result(None, status, "; ".join(f.message for f in node))
+        elif snapshot.backend_up:
+            version = snapshot.system.driver_version if snapshot.system else "unknown"
+            report.result(None, CheckStatus.OK, f"driver {version} loaded and answering")
+
+    def _library_down(self, error: str) -> Finding:
+        code, _, _ = error.partition(":")
+        if code == "version_mismatch":
+            kind, message = "driver_version_mismatch", "the NVIDIA kernel module and library versions differ"
+        elif code == "timeout":
+            kind, message = "driver_init_timeout", "NVML initialisation did not return in time (driver hang)"
+        else:
+            kind, message = "driver_unavailable", "NVML cannot be initialised"
+        # GPUd: NVML init error -> REBOOT_SYSTEM in every NVIDIA component (a reboot loads a consistent driver).
+        return Finding(
+            CHECK, kind, Severity.CRITICAL, Action.REBOOT_NODE, f"{message}: {error}", None, evidence(error=error)
+        )
+
+    def _module_version(self, snapshot: Snapshot) -> list[Finding]:
+        root = self.settings.proc_root
+        if root is None or snapshot.system is None or not snapshot.backend_up:
+            return []
+        module = read_module_version(root)
+        library = snapshot.system.driver_version
+        if module is None or module == library:
+            return []
+        return [
+            Finding(
+                CHECK,
+                "driver_version_mismatch",
+                Severity.CRITICAL,
+                Action.REBOOT_NODE,
+                f"kernel module {module} is loaded but the user-space driver is {library} (upgraded without reboot?)",
+                None,
+                evidence(kernel_module=module, library=library),
+            )
+        ]
+
+    def _dstate(self, now: float) -> list[Finding]:
+        root = self.settings.proc_root
+        if root is None:
+            return []
+        last = self._dstate_scanned_at
+        if last is None or now - last >= self.settings.dstate_scan_seconds or now < last:
+            self._dstate_current = {(p.pid, p.start_ticks): p for p in scan_dstate(root)}
+            self._dstate_since = {k: self._dstate_since.get(k, now) for k in self._dstate_current}
+            self._dstate_scanned_at = now
+        current = self._dstate_current
+        out: list[Finding] = []
+        for key, p in sorted(current.items()):
+            held = now - self._dstate_since[key]
+            if held < self.settings.dstate_after_seconds:
+                continue
+            out.append(
+                Finding(
+                    CHECK,
+                    "driver_process_stuck",
+                    Severity.CRITICAL,
+                    Action.REBOOT_NODE,
+                    f"process {p.comm} (pid {p.pid}) has been in uninterruptible sleep in the NVIDIA driver for "
+                    f"{held:.0f}s",
+                    None,
+                    evidence(pid=p.pid, comm=p.comm, where=p.where, seconds=round(held)),
+                )
+            )
+        return out
+
+    def _gpu(self, report: ReportBuilder, g: GpuSnapshot, now: float) -> None:
+        ref = gpu_ref(g)
+        key = g.uuid or str(g.index)
+        if g.error_code != "timeout":
+            self._stuck_since.pop(key, None)
+        if not g.fresh:
+            finding = self._gpu_error(ref, key, g, now)
+            if finding is None:
+                report.stale(g)
+            else:
+                report.gpu_done(ref, [finding])
+            return
+        findings: list[Finding] = []
+        action = g.sample.recovery_action if g.sample else 0
+        if not isinstance(action, Unsupported) and action in RECOVERY_ACTIONS:
+            name, severity, act = RECOVERY_ACTIONS[action]
+            findings.append(
+                Finding(
+                    CHECK,
+                    f"recovery_action_{name}",
+                    severity,
+                    act,
+                    f"the driver asks for recovery action {name.replace('_', ' ')}",
+                    ref,
+                    evidence(recovery_action=action),
+                )
+            )
+        report.gpu_done(ref, findings, "answering")
+
+    def _gpu_error(self, ref: GpuRef, key: str, g: GpuSnapshot, now: float) -> Finding | None:
+        error = g.error or ""
+        if g.error_code == "gpu_lost":
+            # NVML_ERROR_GPU_IS_LOST: GPUd -> REBOOT_SYSTEM; the same card state as XID 79 (NVIDIA: RESTART_BM).
+            return Finding(
+                CHECK,
+                "gpu_lost",
+                Severity.FATAL,
+                Action.REBOOT_NODE,
+                f"the GPU is lost: {error}",
+                ref,
+                evidence(error=error),
+            )
+        if g.error_code == "reset_required":
+            return Finding(
+                CHECK,
+                "gpu_reset_required",
+                Severity.CRITICAL,
+                Action.RESET_GPU,
+                f"the GPU needs a reset: {error}",
+                ref,
+                evidence(error=error),
+            )
+        if g.error_code == "timeout":
+            since = self._stuck_since.setdefault(key, now)
+            held = now - since
+            hung = held >= self.settings.hang_after_seconds
+            return Finding(
+                CHECK,
+                "driver_call_timeout",
+                Severity.CRITICAL if hung else Severity.WARNING,
+                Action.REBOOT_NODE if hung else Action.NONE,
+                f"driver calls for this GPU are past their deadline ({held:.0f}s stuck): {error}",
+                ref,
+                evidence(error=error, stuck_seconds=round(held)),
+            )
+        return None

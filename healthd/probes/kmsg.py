@@ -1,0 +1,303 @@
+"""The kernel log: parse /dev/kmsg records and the NVIDIA driver's NVRM lines; a reader thread that follows it.
+
+Record format (Documentation/ABI/testing/dev-kmsg): ``PRIORITY,SEQ,USEC,FLAGS[,...];MESSAGE`` followed by optional
+continuation lines that start with a space (``SUBSYSTEM=pci``). Driver lines this module understands:
+
+- ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`` (also without ``PCI:``,
+  without pid/name on old drivers, with ``pid='<unknown>'``)
+- ``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (names the card before a multi-line report)
+- ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and
+  ``NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2335) installed in this system has fallen off the bus ...``,
+  the latter also split over two records (``... installed in this`` / ``NVRM: system has fallen off the bus ...``).
+
+Parsing is pure and never raises on any text; the reader survives overwritten records (EPIPE) and I/O errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import select
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("kmsg")
+
+DEFAULT_KMSG_PATH = Path("/dev/kmsg")
+XID_FALLEN_OFF_BUS = 79
+
+_PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}}),\s?(?P<rest>.*)", re.ASCII)
+_PID_RE = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s?(?P<text>.*)", re.ASCII)
+_IDENTITY_RE = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_PCI}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+_FALLEN_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?(?P<pci>{_PCI})\b(?P<rest>.*)")
+_FALLEN_TEXT = "fallen off the bus"
+_SPLIT_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI}) .*installed in this\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class KmsgRecord:
+    priority: int  # syslog facility * 8 + level; -1 when the line had no record prefix
+    seq: int  # -1 when unknown
+    usec: int  # microseconds since boot (monotonic), -1 when unknown
+    flags: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NvrmEvent:
+    """One driver report about one card. ``kind``: ``xid``, ``fallen_off_bus`` or ``identity``."""
+
+    kind: str
+    pci: str  # normalised ``dddd:bb:dd`` (domain:bus:device), see normalize_pci
+    xid: int | None = None
+    pid: int | None = None
+    process: str | None = None
+    text: str = ""
+    uuid: str | None = None
+
+
+def normalize_pci(address: str) -> str:
+    """``PCI:0000:3B:00``, ``00000000:3b:00.0``, ``3b:00`` -> ``0000:3b:00``; "" when it is not a PCI address."""
+    a = address.strip()
+    if a[:4].upper() == "PCI:":
+        a = a[4:]
+    a = a.split(".", 1)[0]
+    parts = a.split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return ""
+    try:
+        domain, bus, device = (int(p, 16) for p in parts)
+    except ValueError:
+        return ""
+    if not (0 <= domain <= 0xFFFFFFFF and 0 <= bus <= 0xFF and 0 <= device <= 0x1F):
+        return ""
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+def parse_record(line: str) -> KmsgRecord | None:
+    """One /dev/kmsg record (first line only; continuation lines are dropped). None when it is not one."""
+    head, sep, rest = line.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    if len(fields) < 4:
+        return None
+    try:
+        priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    if priority < 0 or seq < 0 or usec < 0:
+        return None
+    message = rest.split("\n", 1)[0].rstrip("\r")
+    return KmsgRecord(priority, seq, usec, ",".join(fields[3:]), message)
+
+
+def parse_line(line: str) -> KmsgRecord | None:
+    """A record, or a bare driver line (``NVRM: ...`` as dmesg or the journal prints it); None otherwise."""
+    record = parse_record(line)
+    if record is not None:
+        return record
+    text = line.split("\n", 1)[0].rstrip("\r")
+    at = text.find("NVRM:")
+    if at < 0:
+        return None
+    return KmsgRecord(-1, -1, -1, "", text[at:])
+
+
+def parse_nvrm(message: str) -> NvrmEvent | None:
+    """The driver event in one message, or None. Never raises."""
+    at = message.find("NVRM:")
+    if at < 0:
+        return None
+    msg = message[at:]
+    m = _XID_RE.match(msg)
+    if m:
+        pci = normalize_pci(m["pci"])
+        if not pci:
+            return None
+        pid: int | None = None
+        process: str | None = None
+        text = m["rest"].strip()
+        pm = _PID_RE.match(text)
+        if pm:
+            pid = int(pm["pid"]) if pm["pid"].isdigit() else None
+            name = pm["name"].strip()
+            process = None if name in ("", "<unknown>") else name
+            text = pm["text"].strip()
+        return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text)
+    m = _IDENTITY_RE.match(msg)
+    if m:
+        pci = normalize_pci(m["pci"])
+        return NvrmEvent("identity", pci, uuid=m["uuid"]) if pci else None
+    if _FALLEN_TEXT in msg:
+        m = _FALLEN_RE.match(msg)
+        if m:
+            pci = normalize_pci(m["pci"])
+            if pci:
+                return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=msg[len("NVRM: ") :].strip())
+    return None
+
+
+class NvrmDecoder:
+    """Stateful wrapper around parse_nvrm for reports the driver splits over two records."""
+
+    def __init__(self) -> None:
+        self._split_pci: str | None = None
+
+    def feed(self, message: str) -> NvrmEvent | None:
+        event = parse_nvrm(message)
+        if event is not None:
+            self._split_pci = None
+            return event
+        split_pci, self._split_pci = self._split_pci, None
+        if "NVRM:" not in message:
+            return None
+        head = _SPLIT_HEAD_RE.search(message)
+        if head:
+            self._split_pci = normalize_pci(head["pci"]) or None
+            return None
+        if split_pci and _FALLEN_TEXT in message:
+            text = message[message.find("NVRM:") + len("NVRM: ") :].strip()
+            return NvrmEvent("fallen_off_bus", split_pci, XID_FALLEN_OFF_BUS, text=text)
+        return None
+
+
+def format_record(record: KmsgRecord) -> str:
+    """The /dev/kmsg text of a record (tests, the simulator's kmsg file)."""
+    return f"{record.priority},{record.seq},{record.usec},{record.flags};{record.message}"
+
+
+def format_xid(pci: str, xid: int, text: str, *, pid: int | None = None, process: str | None = None) -> str:
+    """An ``NVRM: Xid`` line as recent drivers print it."""
+    pid_text = str(pid) if pid is not None else "'<unknown>'"
+    return f"NVRM: Xid (PCI:{pci}): {xid}, pid={pid_text}, name={process or '<unknown>'}, {text}"
+
+
+class KmsgReader:
+    """Follows a kernel log on its own thread and hands every record to ``on_record``.
+
+    On the real character device it seeks to the end at start (history before the daemon started is not replayed)
+    and reads one record per read(); EPIPE means records were overwritten before we read them, which is counted
+    and skipped. A regular file (tests, simulation) is followed like ``tail -f``; ``from_start`` reads it whole.
+    """
+
+    _read = staticmethod(os.read)  # one record per call on the device; a seam for tests
+
+    def __init__(
+        self,
+        path: Path,
+        on_record: Callable[[KmsgRecord], object],
+        *,
+        from_start: bool = False,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self.path = path
+        self._on_record = on_record
+        self._from_start = from_start
+        self._poll = poll_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.records = 0
+        self.overwritten = 0  # EPIPE: the kernel overwrote records before we read them
+        self.errors = 0
+        self.last_error: str | None = None
+        self.following = threading.Event()  # set once the log is open and positioned (tests, startup order)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kmsg-reader", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                self._failed(f"open {self.path}: {exc.strerror or exc}")
+                self._stop.wait(5.0)
+                continue
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    self._follow_device(fd)
+                else:
+                    self._follow_file(fd)
+            except OSError as exc:
+                self._failed(f"read {self.path}: {exc.strerror or exc}")
+                self._stop.wait(1.0)
+            finally:
+                os.close(fd)
+
+    def _failed(self, message: str) -> None:
+        self.errors += 1
+        if message != self.last_error:
+            log.warning("kernel log unreadable", error=message)
+        self.last_error = message
+
+    def _deliver(self, line: str) -> None:
+        record = parse_line(line)
+        if record is None:
+            return
+        self.records += 1
+        try:
+            self._on_record(record)
+        except Exception:  # a consumer bug must not stop the reader
+            log.exception("kmsg consumer failed")
+
+    def _follow_device(self, fd: int) -> None:
+        if not self._from_start:
+            os.lseek(fd, 0, os.SEEK_END)
+        self.following.set()
+        size = 8192
+        while not self._stop.is_set():
+            try:
+                chunk = self._read(fd, size)
+            except BlockingIOError:
+                select.select([fd], [], [], self._poll)
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    self.overwritten += 1
+                    continue
+                if exc.errno == errno.EINVAL and size < 1 << 20:  # record longer than the buffer
+                    size *= 4
+                    continue
+                raise
+            if not chunk:
+                self._stop.wait(self._poll)
+                continue
+            self._deliver(chunk.decode("utf-8", errors="replace"))
+
+    def _follow_file(self, fd: int) -> None:
+        if not self._from_start:
+            os.lseek(fd, 0, os.SEEK_END)
+        self.following.set()
+        pending = b""
+        while not self._stop.is_set():
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                position = os.lseek(fd, 0, os.SEEK_CUR)
+                if os.fstat(fd).st_size < position:  # truncated or rotated in place: start over
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    pending = b""
+                self._stop.wait(self._poll)
+                continue
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                if raw.startswith(b" "):  # continuation line (KEY=value) of the previous record
+                    continue
+                self._deliver(raw.decode("utf-8", errors="replace"))

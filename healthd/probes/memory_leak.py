@@ -1,0 +1,185 @@
+"""GPU memory leaks: device memory no live process owns, processes NVML lists that no longer exist, and one
+process's memory growing steadily (a warning only).
+
+No anchor (GPUd, NVSentinel, DCGM, NPD) checks this, so the thresholds are ours and conservative. False positives
+avoided: memory the driver reserves (NVML v2 reports it apart; with v1 an allowance is subtracted), processes
+just starting or exiting (every condition must hold for several samples), MPS (NVML lists only the MPS server and
+none of its clients' memory, measured on the H200, so unowned memory is expected there: the orphan check is off on a
+card running an MPS server), and cards whose driver does not report per-process memory (unsupported).
+The pid check needs the host pid namespace (the daemon runs as a host service); ``proc_root`` None turns it off.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.backends.types import GpuProcess, Unsupported
+from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+
+CHECK = "memory_leak"
+GIB = 2**30
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLeakThresholds:
+    orphan_min_bytes: int = GIB  # unowned memory smaller than this is left alone
+    orphan_samples: int = 6  # consecutive samples (30 s at the default 5 s interval)
+    gone_samples: int = 6  # a listed pid missing from /proc this many samples in a row
+    legacy_reserved_bytes: int = GIB  # NVML v1 folds driver-reserved memory (616 MiB on the H200) into "used"
+    growth_window_seconds: float = 1800.0
+    growth_min_bytes: int = 2 * GIB
+    growth_min_samples: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("orphan_min_bytes", "orphan_samples", "gone_samples", "growth_min_bytes", "growth_min_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.legacy_reserved_bytes < 0 or self.growth_window_seconds <= 0:
+            raise ValueError("legacy_reserved_bytes must be >= 0 and growth_window_seconds > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLeakSettings:
+    proc_root: Path | None = Path("/proc")  # None: no pid liveness check and no process names from /proc
+    thresholds: MemoryLeakThresholds = MemoryLeakThresholds()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+class MemoryLeakProbe:
+    name = CHECK
+
+    def __init__(self, settings: MemoryLeakSettings | None = None) -> None:
+        self.settings = settings or MemoryLeakSettings()
+        self._orphan_streak: dict[str, int] = {}
+        self._gone_streak: dict[tuple[str, int], int] = {}
+        self._growth: dict[tuple[str, int], deque[tuple[float, int]]] = {}
+
+    def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
+        report = ReportBuilder(CHECK)
+        live: set[tuple[str, int]] = set()
+        for g in snapshot.gpus:
+            if not g.fresh or g.sample is None:
+                report.stale(g)
+                continue
+            ref = gpu_ref(g)
+            key = g.uuid or str(g.index)
+            live |= {(key, p.pid) for p in g.processes}
+            findings, note = self._orphan(ref, key, g)
+            findings += self._gone(ref, key, g.processes)
+            findings += self._grow(ref, key, g.processes, now)
+            report.gpu_done(ref, findings, note)
+        for table in (self._gone_streak, self._growth):
+            for k in [k for k in table if k not in live]:
+                del table[k]
+        return report.build()
+
+    def _name(self, p: GpuProcess) -> str:
+        if p.name or self.settings.proc_root is None:
+            return p.name
+        try:
+            return (self.settings.proc_root / str(p.pid) / "comm").read_text().strip()
+        except OSError:
+            return ""
+
+    def _orphan(self, ref: GpuRef, key: str, g: GpuSnapshot) -> tuple[list[Finding], str]:
+        t = self.settings.thresholds
+        assert g.sample is not None
+        if any(isinstance(p.used_memory_bytes, Unsupported) for p in g.processes):
+            self._orphan_streak.pop(key, None)
+            return [], "per-process memory not reported: unowned memory cannot be measured"
+        if any(self._name(p) == MPS_SERVER for p in g.processes):
+            self._orphan_streak.pop(key, None)
+            return [], "MPS server running: client memory is not listed per process"
+        owned = sum(p.used_memory_bytes for p in g.processes if isinstance(p.used_memory_bytes, int))
+        reserved = g.sample.memory_reserved_bytes
+        allowance = t.legacy_reserved_bytes if isinstance(reserved, Unsupported) else 0
+        orphan = g.sample.memory_used_bytes - owned - allowance
+        if orphan < t.orphan_min_bytes:
+            self._orphan_streak.pop(key, None)
+            return [], f"{_mib(g.sample.memory_used_bytes)} used, {len(g.processes)} process(es) own {_mib(owned)}"
+        streak = self._orphan_streak[key] = self._orphan_streak.get(key, 0) + 1
+        if streak < t.orphan_samples:
+            return [], f"{_mib(orphan)} not owned by any listed process ({streak} sample(s))"
+        return [
+            Finding(
+                CHECK,
+                "memory_unowned",
+                Severity.WARNING,
+                Action.RESET_GPU,  # only a reset (or the owner's exit) returns memory no listed process holds
+                f"{_mib(orphan)} of GPU memory is used but owned by no listed process (for {streak} samples)",
+                ref,
+                evidence(
+                    unowned_bytes=orphan, used_bytes=g.sample.memory_used_bytes, owned_bytes=owned, samples=streak
+                ),
+            )
+        ], ""
+
+    def _gone(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...]) -> list[Finding]:
+        root = self.settings.proc_root
+        if root is None:
+            return []
+        out: list[Finding] = []
+        for p in processes:
+            if (root / str(p.pid)).exists():
+                self._gone_streak.pop((key, p.pid), None)
+                continue
+            streak = self._gone_streak[(key, p.pid)] = self._gone_streak.get((key, p.pid), 0) + 1
+            if streak < self.settings.thresholds.gone_samples:
+                continue
+            held = p.used_memory_bytes if isinstance(p.used_memory_bytes, int) else 0
+            out.append(
+                Finding(
+                    CHECK,
+                    "process_gone",
+                    Severity.WARNING,
+                    Action.RESET_GPU,
+                    f"pid {p.pid} holds {_mib(held)} on the GPU but no longer exists",
+                    ref,
+                    evidence(pid=p.pid, used_bytes=held, samples=streak),
+                )
+            )
+        return out
+
+    def _grow(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...], now: float) -> list[Finding]:
+        t = self.settings.thresholds
+        out: list[Finding] = []
+        for p in processes:
+            if not isinstance(p.used_memory_bytes, int):
+                continue
+            history = self._growth.setdefault((key, p.pid), deque())
+            if history and p.used_memory_bytes < history[-1][1]:
+                history.clear()  # it freed memory: not a steady leak, start over
+            history.append((now, p.used_memory_bytes))
+            while len(history) > 1 and now - history[0][0] > t.growth_window_seconds:
+                history.popleft()
+            first_t, first = history[0]
+            grown = p.used_memory_bytes - first
+            # steady: never shrank over the window, grew in most steps, spans most of the window
+            steps = sum(1 for a, b in zip(history, list(history)[1:], strict=False) if b[1] > a[1])
+            if (
+                len(history) >= t.growth_min_samples
+                and now - first_t >= 0.9 * t.growth_window_seconds
+                and grown >= t.growth_min_bytes
+                and steps >= (len(history) - 1) // 2
+            ):
+                out.append(
+                    Finding(
+                        CHECK,
+                        "process_memory_growth",
+                        Severity.WARNING,
+                        Action.NONE,
+                        f"pid {p.pid} ({self._name(p) or 'unknown'}) grew by {_mib(grown)} over "
+                        f"{now - first_t:.0f}s without ever shrinking",
+                        ref,
+                        evidence(pid=p.pid, grown_bytes=grown, seconds=round(now - first_t)),
+                    )
+                )
+        return out

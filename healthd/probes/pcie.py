@@ -1,0 +1,92 @@
+"""PCIe link below its maximum width or generation, held over several samples (a warning).
+
+Cards lower the link generation when idle to save power (the same card runs Gen1 idle and Gen5 busy), so the
+generation is only judged while the card is busy; width does not change with load and is always judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.backends.types import DeviceSample, Unsupported
+from exporter.snapshot import Snapshot
+from healthd.faults.model import Action, Finding, ProbeReport, Severity
+from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+
+CHECK = "pcie"
+CLOCKS_EVENT_GPU_IDLE = 0x01
+
+
+@dataclass(frozen=True, slots=True)
+class PcieThresholds:
+    consecutive_samples: int = 3  # a link retraining briefly is not a degraded link
+    busy_utilization: float = 0.05  # the card counts as busy at this GPU utilization, or when not clocked idle
+
+    def __post_init__(self) -> None:
+        if self.consecutive_samples < 1:
+            raise ValueError("consecutive_samples must be >= 1")
+        if not 0 <= self.busy_utilization <= 1:
+            raise ValueError("busy_utilization must be within 0..1")
+
+
+def _busy(s: DeviceSample, threshold: float) -> bool:
+    if not isinstance(s.gpu_utilization_ratio, Unsupported):
+        return s.gpu_utilization_ratio >= threshold
+    if not isinstance(s.clock_event_reasons, Unsupported):
+        return not s.clock_event_reasons & CLOCKS_EVENT_GPU_IDLE
+    return False
+
+
+class PcieProbe:
+    name = CHECK
+
+    def __init__(self, thresholds: PcieThresholds | None = None) -> None:
+        self.thresholds = thresholds or PcieThresholds()
+        self._streak: dict[tuple[str, str], int] = {}
+
+    def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
+        report = ReportBuilder(CHECK)
+        for g in snapshot.gpus:
+            if not g.fresh or g.sample is None or g.info is None:
+                report.stale(g)
+                continue
+            ref = gpu_ref(g)
+            s, info = g.sample, g.info
+            key = g.uuid or str(g.index)
+            checks = []
+            if isinstance(s.pcie_width, int) and isinstance(info.pcie_width_max, int):
+                checks.append(("width", s.pcie_width, info.pcie_width_max, True))
+            if isinstance(s.pcie_generation, int) and isinstance(info.pcie_generation_max, int):
+                checks.append(
+                    (
+                        "generation",
+                        s.pcie_generation,
+                        info.pcie_generation_max,
+                        _busy(s, self.thresholds.busy_utilization),
+                    )
+                )
+            if not checks:
+                report.unsupported(ref, "PCIe link width and generation are not reported")
+                continue
+            findings: list[Finding] = []
+            for what, current, maximum, judged in checks:
+                if not judged:
+                    continue  # idle: keep the streak as it is
+                streak = self._streak[(key, what)] = self._streak.get((key, what), 0) + 1 if current < maximum else 0
+                if streak >= self.thresholds.consecutive_samples:
+                    unit = "x" if what == "width" else "Gen"
+                    shown = f"{unit}{current}" if what == "generation" else f"{current}{unit}"
+                    best = f"{unit}{maximum}" if what == "generation" else f"{maximum}{unit}"
+                    findings.append(
+                        Finding(
+                            CHECK,
+                            f"pcie_{what}_degraded",
+                            Severity.WARNING,
+                            Action.NONE,
+                            f"PCIe link {what} is {shown}, the card supports {best}",
+                            ref,
+                            evidence(current=current, maximum=maximum, samples=streak),
+                        )
+                    )
+            report.gpu_done(ref, findings, "PCIe link at its maximum")
+        return report.build()

@@ -1,0 +1,256 @@
+"""XID watcher: NVML events and kernel-log lines, merged, mapped by the catalog, emitted as event findings.
+
+The same XID usually reaches us twice (an NVML event and one or more ``NVRM: Xid`` lines; XID 13 alone prints
+three lines per exception). Each (card, XID) counts once per merge window, whichever source saw it first; the
+rest are counted as merged. kmsg names cards by PCI bus id, NVML by index/uuid: both map to the card in the
+latest Snapshot's inventory so that the two sources meet on one key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+import structlog
+
+from exporter.backends.errors import BackendError
+from exporter.backends.protocol import Backend
+from exporter.backends.types import DeviceEvent, EventKind
+from exporter.snapshot import Snapshot
+from healthd.faults.model import Finding, GpuRef
+from healthd.faults.xid_catalog import XidCatalog
+from healthd.probes.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
+
+log = structlog.get_logger("xid")
+
+CHECK = "xid"
+
+
+class EventSink(Protocol):
+    def event(self, finding: Finding) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class XidSettings:
+    # One XID usually arrives by NVML within milliseconds and by kmsg within the reader's poll; 10 s covers both
+    # without merging separate incidents (NVSentinel links fallen-off-bus text to XIDs over 5 min, then dedups
+    # for 3 min in its platform connector; our engine does the longer dedup).
+    merge_window_seconds: float = 10.0
+    nvml_wait_seconds: float = 1.0  # one nvmlEventSetWait call (the H200 capture: a 200 ms wait times out cleanly)
+    nvml_retry_seconds: float = 10.0  # back-off after the event call fails (driver not loaded yet, GPU lost)
+    kmsg_poll_seconds: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("merge_window_seconds", "nvml_wait_seconds", "nvml_retry_seconds", "kmsg_poll_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sighting:
+    xid: int
+    gpu: GpuRef | None
+    pci: str  # normalised, "" when unknown
+    source: str  # "nvml" or "kmsg"
+    pid: int | None = None
+    process: str | None = None
+    text: str = ""
+
+
+class XidMerger:
+    """Turns sightings from both sources into one finding per (card, XID) per merge window. Thread-safe."""
+
+    def __init__(self, catalog: XidCatalog, sink: EventSink, clock: Callable[[], float], window_seconds: float) -> None:
+        self._catalog = catalog
+        self._sink = sink
+        self._clock = clock
+        self._window = window_seconds
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, int], float] = {}
+        self.emitted = 0
+        self.merged = 0
+
+    def add(self, s: _Sighting) -> Finding | None:
+        now = self._clock()
+        # kmsg always names the PCI address and NVML events get it from the inventory: key on it first
+        ident = (s.pci and f"pci:{s.pci}") or (s.gpu.uuid if s.gpu and s.gpu.uuid else "") or "node"
+        key = (ident, s.xid)
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._window:
+                self.merged += 1
+                return None
+            self._last[key] = now
+            if len(self._last) > 4096:
+                self._last = {k: t for k, t in self._last.items() if now - t < self._window}
+            self.emitted += 1
+        finding = self._finding(s)
+        self._sink.event(finding)
+        return finding
+
+    def _finding(self, s: _Sighting) -> Finding:
+        entry = self._catalog.lookup(s.xid)
+        where = f"GPU {s.gpu.index}" if s.gpu else f"PCI {s.pci or 'unknown'}"
+        message = f"XID {s.xid} ({entry.name}) on {where}: {entry.description}"
+        if s.text:
+            message += f" [{s.text[:200]}]"
+        ev: dict[str, str] = {
+            "xid": str(s.xid),
+            "xid_name": entry.name,
+            "source": s.source,
+            "catalog_version": self._catalog.version,
+            "application_level": str(entry.application_level).lower(),
+        }
+        if entry.nvidia_bucket:
+            ev["nvidia_bucket"] = entry.nvidia_bucket
+        if s.pci:
+            ev["pci_bus_id"] = s.pci
+        if s.pid is not None:
+            ev["pid"] = str(s.pid)
+        if s.process:
+            ev["process"] = s.process
+        if s.text:
+            ev["text"] = s.text[:500]
+        return Finding(
+            check=CHECK,
+            code=f"xid_{s.xid}",
+            severity=entry.severity,
+            action=entry.action,
+            message=message,
+            gpu=s.gpu,
+            evidence=MappingProxyType(ev),
+            kind="event",
+        )
+
+
+class XidWatcher:
+    """Runs the NVML event loop and the kmsg reader on their own threads and merges what they see.
+
+    Only this component calls ``backend.wait_event``. ``snapshots`` returns the latest Snapshot (for the PCI bus
+    id -> card map); ``kmsg_path`` None turns the kernel-log source off.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        kmsg_path: Path | None,
+        catalog: XidCatalog,
+        sink: EventSink,
+        clock: Callable[[], float] = time.time,
+        snapshots: Callable[[], Snapshot | None] = lambda: None,
+        settings: XidSettings | None = None,
+        *,
+        kmsg_from_start: bool = False,
+    ) -> None:
+        self.settings = settings or XidSettings()
+        self._backend = backend
+        self._snapshots = snapshots
+        self.merger = XidMerger(catalog, sink, clock, self.settings.merge_window_seconds)
+        self._decoder = NvrmDecoder()
+        self._decoder_lock = threading.Lock()
+        self._uuid_by_pci: dict[str, str] = {}  # learned from "NVRM: GPU at PCI:..: GPU-..." lines
+        self._stop = threading.Event()
+        self._nvml_thread: threading.Thread | None = None
+        self.reader = (
+            KmsgReader(
+                kmsg_path, self.on_kmsg_record, from_start=kmsg_from_start, poll_seconds=self.settings.kmsg_poll_seconds
+            )
+            if kmsg_path is not None
+            else None
+        )
+        self.nvml_errors = 0
+        self.ignored_events = 0
+
+    # ----- lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._nvml_thread is None:
+            self._nvml_thread = threading.Thread(target=self._nvml_loop, name="xid-nvml", daemon=True)
+            self._nvml_thread.start()
+        if self.reader is not None:
+            self.reader.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        if self.reader is not None:
+            self.reader.stop(timeout)
+        if self._nvml_thread is not None:
+            self._nvml_thread.join(timeout)
+
+    def _nvml_loop(self) -> None:
+        last_error = ""
+        while not self._stop.is_set():
+            try:
+                event = self._backend.wait_event(self.settings.nvml_wait_seconds)
+            except BackendError as exc:
+                self.nvml_errors += 1
+                if str(exc) != last_error:
+                    log.warning("NVML event wait failed", error=str(exc), code=exc.code)
+                last_error = str(exc)
+                self._stop.wait(self.settings.nvml_retry_seconds)
+                continue
+            except Exception:  # never let the event thread die silently
+                self.nvml_errors += 1
+                log.exception("NVML event wait raised unexpectedly")
+                self._stop.wait(self.settings.nvml_retry_seconds)
+                continue
+            last_error = ""
+            if event is not None:
+                self.on_device_event(event)
+
+    # ----- the two sources -----------------------------------------------------------------------------------
+
+    def on_device_event(self, event: DeviceEvent) -> Finding | None:
+        """An NVML event. SBE events are left to the ECC probe (rates, not single events); xid 0 is noise."""
+        if event.kind is EventKind.ECC_SINGLE_BIT or event.xid <= 0:
+            self.ignored_events += 1
+            return None
+        xid = 48 if event.kind is EventKind.ECC_DOUBLE_BIT else event.xid
+        gpu = self._gpu_by_event(event)
+        pci = normalize_pci(gpu.pci_bus_id) if gpu else ""
+        return self.merger.add(_Sighting(xid, gpu, pci, "nvml"))
+
+    def on_kmsg_record(self, record: KmsgRecord) -> Finding | None:
+        with self._decoder_lock:
+            event = self._decoder.feed(record.message)
+        if event is None:
+            return None
+        if event.kind == "identity":
+            if event.uuid:
+                self._uuid_by_pci[event.pci] = event.uuid
+            return None
+        return self._on_nvrm(event)
+
+    def _on_nvrm(self, event: NvrmEvent) -> Finding | None:
+        assert event.xid is not None
+        gpu = self._gpu_by_pci(event.pci)
+        return self.merger.add(_Sighting(event.xid, gpu, event.pci, "kmsg", event.pid, event.process, event.text))
+
+    # ----- card lookup -------------------------------------------------------------------------------------
+
+    def _inventory(self) -> list[GpuRef]:
+        snap = self._snapshots()
+        if snap is None:
+            return []
+        return [GpuRef(g.index, g.info.uuid, g.info.pci_bus_id) for g in snap.gpus if g.info is not None]
+
+    def _gpu_by_event(self, event: DeviceEvent) -> GpuRef | None:
+        cards = self._inventory()
+        found = next((g for g in cards if g.uuid == event.uuid), None) or next(
+            (g for g in cards if g.index == event.gpu_index), None
+        )
+        if found is not None:
+            return found
+        return GpuRef(event.gpu_index, event.uuid, "") if event.uuid else None
+
+    def _gpu_by_pci(self, pci: str) -> GpuRef | None:
+        found = next((g for g in self._inventory() if normalize_pci(g.pci_bus_id) == pci), None)
+        if found is not None:
+            return found
+        uuid = self._uuid_by_pci.get(pci)
+        return None if uuid is None else next((g for g in self._inventory() if g.uuid == uuid), None)

@@ -1,0 +1,192 @@
+"""gRPC Topology service over the cached topology, and the conversions between the model and its messages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from exporter.topology.allocation import AllocationError, preferred_allocation
+from exporter.topology.model import Gpu, Link, LinkKind, Nic, PcieLocation, Topology
+from exporter.topology.refresher import RefreshStatus
+from healthd.api.v1 import topology_pb2 as pb
+from healthd.api.v1 import topology_pb2_grpc as pb_grpc
+
+_KIND_TO_PB = {kind: getattr(pb, f"LINK_KIND_{kind.name}") for kind in LinkKind}
+_PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
+MAX_IDS = 1024
+
+
+def _location_pb(loc: PcieLocation) -> Any:
+    msg = pb.PcieLocation(
+        pci_bus_id=loc.bdf,
+        host_bridge=loc.host_bridge,
+        bridges=list(loc.bridges),
+        pcie_switch=loc.pcie_switch,
+        cpu_affinity=loc.local_cpus,
+    )
+    if loc.numa_node is not None:
+        msg.numa_node = loc.numa_node
+    if loc.socket is not None:
+        msg.socket = loc.socket
+    return msg
+
+
+def _link_pb(a: str, b: str, link: Link) -> Any:
+    return pb.TopologyLink(
+        a=a, b=b, kind=_KIND_TO_PB[link.kind], nvlinks=link.nvlinks, label=link.label, distance=link.cost
+    )
+
+
+def topology_to_pb(t: Topology) -> Any:
+    return pb.GetTopologyResponse(
+        gpus=[
+            pb.TopologyGpu(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                location=_location_pb(g.location),
+                nvlink_peers=list(g.nvlink_peers or ()),
+                nvlink_known=g.nvlink_peers is not None,
+            )
+            for g in t.gpus
+        ],
+        nics=[
+            pb.TopologyNic(
+                name=n.name,
+                netdevs=list(n.netdevs),
+                location=_location_pb(n.location),
+                model=n.model,
+                link_layer=n.link_layer,
+                state=n.state,
+            )
+            for n in t.nics
+        ],
+        gpu_links=[_link_pb(f"GPU{a}", f"GPU{b}", link) for (a, b), link in sorted(t.gpu_links.items())],
+        nic_links=[_link_pb(f"GPU{g}", nic, link) for (g, nic), link in sorted(t.nic_links.items())],
+        numa_nodes=list(t.numa_nodes),
+        sockets=list(t.sockets),
+        collected_at=t.collected_at,
+        source=t.source,
+        warnings=list(t.warnings),
+    )
+
+
+def _location_from_pb(msg: Any) -> PcieLocation:
+    return PcieLocation(
+        bdf=msg.pci_bus_id,
+        host_bridge=msg.host_bridge,
+        bridges=tuple(msg.bridges),
+        numa_node=msg.numa_node if msg.HasField("numa_node") else None,
+        socket=msg.socket if msg.HasField("socket") else None,
+        local_cpus=msg.cpu_affinity,
+    )
+
+
+def topology_from_pb(msg: Any) -> Topology:
+    """Rebuild the model on the client side (xpuctl renders it with the same code the daemon tests use)."""
+    from exporter.topology.model import pcie_kind
+
+    gpus = tuple(
+        Gpu(
+            index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            location=_location_from_pb(g.location),
+            nvlink_peers=tuple(g.nvlink_peers) if g.nvlink_known else None,
+        )
+        for g in msg.gpus
+    )
+    nics = tuple(
+        Nic(n.name, tuple(n.netdevs), _location_from_pb(n.location), n.model, n.link_layer, n.state) for n in msg.nics
+    )
+
+    def link(m: Any) -> Link:
+        return Link(_PB_TO_KIND.get(m.kind, LinkKind.SYS), m.nvlinks)
+
+    gpu_links = {(int(m.a[3:]), int(m.b[3:])): link(m) for m in msg.gpu_links}
+    nic_links = {(int(m.a[3:]), m.b): link(m) for m in msg.nic_links}
+    pcie_links = {(a.index, b.index): Link(pcie_kind(a.location, b.location)) for a in gpus for b in gpus}
+    return Topology(
+        gpus=gpus,
+        nics=nics,
+        gpu_links=gpu_links,
+        nic_links=nic_links,
+        pcie_links=pcie_links,
+        numa_nodes=tuple(msg.numa_nodes),
+        sockets=tuple(msg.sockets),
+        source=msg.source,
+        collected_at=msg.collected_at,
+        warnings=tuple(msg.warnings),
+    )
+
+
+class TopologyService(pb_grpc.TopologyServicer):
+    def __init__(self, latest: Callable[[], Topology | None], status: Callable[[], RefreshStatus]) -> None:
+        self._latest = latest
+        self._status = status
+
+    async def _topology(self, context: grpc.aio.ServicerContext) -> Topology:
+        topology = self._latest()
+        if topology is None:
+            why = self._status().last_error or "first collection under way"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"topology not collected yet: {why}")
+        assert topology is not None
+        return topology
+
+    async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return topology_to_pb(await self._topology(context))
+
+    async def PreferredAllocation(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        topology = await self._topology(context)
+        if len(request.available) > MAX_IDS or len(request.must_include) > MAX_IDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_IDS} device ids per list")
+        if request.count == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "count: must be at least 1")
+        try:
+            available = resolve_ids(topology, request.available, "available")
+            must = resolve_ids(topology, request.must_include, "must_include")
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            # exact search can take ~0.1 s for 16 cards: keep it off the event loop
+            alloc = await asyncio.to_thread(preferred_allocation, topology, request.count, available, must)
+        except AllocationError as exc:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "exhausted" else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+        return pb.PreferredAllocationResponse(
+            gpus=list(alloc.gpus),
+            uuids=list(alloc.uuids),
+            nics=[
+                pb.NicChoice(name=n.name, netdevs=list(n.netdevs), gpu=n.gpu, link=n.link.label, level=n.level)
+                for n in alloc.nics
+            ],
+            worst_link=alloc.worst_link.label,
+            total_distance=alloc.total_cost,
+            exact=alloc.exact,
+        )
+
+
+def resolve_ids(topology: Topology, ids: Sequence[str], field: str) -> list[int]:
+    """GPU indices ("3") or UUIDs -> indices. ValueError for malformed ids, LookupError for unknown ones."""
+    by_uuid = {g.uuid.lower(): g.index for g in topology.gpus}
+    indices = {g.index for g in topology.gpus}
+    out: list[int] = []
+    for raw in ids:
+        text = raw.strip()
+        if text.isdigit() and len(text) <= 6:
+            index = int(text)
+            if index not in indices:
+                raise LookupError(f"{field}: no GPU {index} on this node ({len(indices)} GPUs)")
+        elif text.lower().startswith("gpu-"):
+            if text.lower() not in by_uuid:
+                raise LookupError(f"{field}: no GPU with UUID {text[:64]!r} on this node")
+            index = by_uuid[text.lower()]
+        else:
+            raise ValueError(f"{field}: expected a GPU index or a GPU-... UUID, got {text[:64]!r}")
+        out.append(index)
+    return out

@@ -1,0 +1,88 @@
+"""Build the topology part of the daemon: refresher (with the simulated sysfs tree when simulating), NFD feature
+file, metrics collector and gRPC service. Kept out of main.py so the daemon wiring stays a few lines."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from exporter.backends.protocol import Backend
+from exporter.backends.simulated import SimulatedBackend
+from exporter.collectors.base import Collector
+from exporter.sampler import Sampler
+from exporter.topology.collector import TopologyCollector
+from exporter.topology.layout import simulated_sysfs
+from exporter.topology.nfd import FeatureFilePublisher
+from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from healthd.config import Config
+from healthd.server import Service
+from healthd.topology_service import TopologyService
+
+log = structlog.get_logger("topology")
+
+
+@dataclass
+class TopologyPart:
+    refresher: TopologyRefresher | None
+    collectors: list[Collector]
+    services: list[Service]
+    publisher: FeatureFilePublisher | None
+
+    def start(self) -> None:
+        if self.refresher is not None:
+            self.refresher.start()
+
+    def stop(self) -> None:
+        if self.refresher is not None:
+            self.refresher.stop()
+
+
+def _add_topology(servicer: object, server: object) -> None:
+    from healthd.api.v1 import topology_pb2_grpc
+
+    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+
+def build_topology(config: Config, backend: Backend, sampler: Sampler) -> TopologyPart:
+    settings = config.topology
+    if not settings.enabled:
+        return TopologyPart(None, [], [], None)
+    sysfs_root = settings.sysfs_root
+    if isinstance(backend, SimulatedBackend):
+        # simulation only: the scenario's PCIe layout as a sysfs tree, read back by the real code path
+        scenario = backend.scenario
+        dest = config.state_dir / "simulated-sysfs"
+        tree = simulated_sysfs(scenario.extra, [c.pci_bus_id for c in scenario.cards], dest)
+        if tree is None:  # no [topology] in the scenario: an empty tree, never the host's /sys with fake GPUs
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            tree = dest
+        sysfs_root = tree
+        log.info("simulated topology", sysfs_root=str(tree))
+    publisher = FeatureFilePublisher(
+        Path(settings.nfd_feature_file) if settings.nfd_feature_file else None,
+        dict(settings.network),
+        settings.label_namespace,
+    )
+    refresher = TopologyRefresher(
+        backend,
+        sampler.latest,
+        RefresherConfig(
+            sysfs_root=str(sysfs_root),
+            deadline_seconds=settings.deadline_seconds,
+            call_deadline_seconds=min(config.sampler.call_deadline_seconds * 2, settings.deadline_seconds),
+            refresh_seconds=settings.refresh_seconds,
+        ),
+        on_update=publisher,
+    )
+    return TopologyPart(
+        refresher=refresher,
+        collectors=[TopologyCollector(refresher.latest, refresher.status)],
+        services=[
+            Service("xpu.runtime.v1.Topology", TopologyService(refresher.latest, refresher.status), _add_topology)
+        ],
+        publisher=publisher,
+    )
