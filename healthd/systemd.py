@@ -189,7 +189,12 @@ class Watchdog:
                 self._stalled = False
             if self._interval is not None:
                 self._notifier.watchdog()
-            self._notifier.status(self._summary())
+            try:
+                summary = self._summary()
+            except Exception:  # a broken status line must not stop the pings (that would restart the daemon)
+                log.exception("status summary failed")
+                summary = "running (status summary failed; see the log)"
+            self._notifier.status(summary)
             return
         if not self._stalled:
             log.error("watchdog pings stopped", reason=progress.reason)

@@ -210,3 +210,12 @@ def test_datagram_fallback_reaches_an_abstract_socket() -> None:
         assert notifier.watchdog()
         server.settimeout(5)
         assert server.recv(100) == b"WATCHDOG=1"
+
+
+def test_a_failing_status_summary_does_not_stop_the_pings() -> None:
+    def broken() -> str:
+        raise RuntimeError("summary bug")
+
+    notifier = RecordingNotifier()
+    Watchdog(notifier, 1.0, lambda: Progress(True, "ok"), broken).tick()
+    assert notifier.sent == [{"WATCHDOG": 1}, {"STATUS": "running (status summary failed; see the log)"}]
