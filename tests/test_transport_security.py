@@ -11,6 +11,8 @@ import signal
 import socket
 import ssl
 import stat
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -314,6 +316,15 @@ def test_daemon_serves_tls_metrics_and_mtls_grpc_and_rereads_web_config_on_sighu
                 with pytest.raises(grpc.RpcError) as err:
                     health_check(grpc_port, creds)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE, name
+            xpuctl = [sys.executable, "-m", "healthd.cli", "--socket", f"localhost:{grpc_port}"]
+            tls = ["--tls-ca", str(certs["ca.crt"]), "--tls-cert", str(certs["client.crt"])]
+            kinds = subprocess.run([*xpuctl, *tls, "--tls-key", str(certs["client.key"]), "simulate", "kinds"],
+                                   capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+            assert kinds.returncode == 0, kinds.stderr
+            assert "hang" in kinds.stdout
+            no_key = subprocess.run([*xpuctl, *tls, "simulate", "kinds"], capture_output=True, text=True, check=False)
+            assert no_key.returncode == 2
+            assert "TCP connections use mutual TLS; give --tls-key" in no_key.stderr
             assert d.stop() == 0
         output = "\n".join(d.log)
         assert PASSWORD not in output
