@@ -93,6 +93,32 @@ class HookSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ExporterSettings:
+    dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSettings:
+    """[partitions]: where CDI specs and MPS pipes go, how often owners are checked, the admin socket.
+
+    Unset paths are chosen at start: runtime_dir next to the main gRPC socket, the admin socket in runtime_dir,
+    cdi_dir /var/run/cdi on real GPUs and <state_dir>/cdi on a simulated node (fake devices stay out of the
+    system's CDI directories).
+    """
+
+    enabled: bool = True
+    cdi_dir: Path | None = None
+    runtime_dir: Path | None = None  # MPS pipe and log directories live under <runtime_dir>/mps/<partition id>/
+    admin_socket: Path | None = None
+    admin_group: str = ""  # group allowed on the admin socket (mode 0660); empty: owner only (mode 0600)
+    mps: str = "auto"  # auto: the NVIDIA binary on real GPUs, the simulated control on --simulate; nvidia; simulated
+    reconcile_interval_seconds: float = 10.0
+    lease_default_seconds: float = 300.0
+    owner_grace_seconds: float = 60.0
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
 class TransportSettings:
     """[transport]: who may reach the gRPC API and /metrics (see packaging/healthd.toml)."""
 
@@ -117,6 +143,8 @@ class Config:
     faults: FaultsSettings = field(default_factory=FaultsSettings)
     hook: HookSettings = field(default_factory=HookSettings)
     health: ProbeSettings = field(default_factory=ProbeSettings)
+    exporter: ExporterSettings = field(default_factory=ExporterSettings)
+    partitions: PartitionSettings = field(default_factory=PartitionSettings)
     transport: TransportSettings = field(default_factory=TransportSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
@@ -169,17 +197,36 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
     return value
 
 
+SECTIONS = {
+    "daemon",
+    "sampler",
+    "topology",
+    "attribution",
+    "faults",
+    "hook",
+    "health",
+    "exporter",
+    "partitions",
+    "transport",
+}
+
+
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     from exporter.http import parse_listen_address  # local import keeps config importable on its own
 
-    _check_keys(data, {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "transport"}, "")
+    _check_keys(data, SECTIONS, "")
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
+    exporter = data.get("exporter", {})
     for name, table in data.items():  # every section is a table ([health] = [] used to raise AttributeError)
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
     _check_keys(sampler, {"interval_seconds", "call_deadline_seconds"}, "sampler")
+    _check_keys(exporter, {"dcgm_compat"}, "exporter")
+    dcgm_compat = exporter.get("dcgm_compat", False)
+    if not isinstance(dcgm_compat, bool):
+        raise ConfigError(f"exporter.dcgm_compat: expected true or false, got {type(dcgm_compat).__name__}")
 
     metrics_listen = _string(daemon, "metrics_listen", "daemon.", DEFAULT_METRICS_LISTEN)
     try:
@@ -219,6 +266,8 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         faults=parse_faults(data.get("faults", {})),
         hook=parse_hook(data.get("hook", {})),
         health=parse_probe_settings(data.get("health", {}), "health"),
+        exporter=ExporterSettings(dcgm_compat=dcgm_compat),
+        partitions=parse_partitions(data.get("partitions", {})),
         transport=parse_transport(data.get("transport", {})),
         source=source,
     )
@@ -423,6 +472,64 @@ def parse_transport(table: Any) -> TransportSettings:
         grpc_tls_key_file=_optional_path(table, "grpc_tls_key_file", "transport"),
         grpc_tls_client_ca_file=_optional_path(table, "grpc_tls_client_ca_file", "transport"),
         metrics_web_config_file=_optional_path(table, "metrics_web_config_file", "transport"),
+    )
+
+
+PARTITION_KEYS = {
+    "enabled",
+    "cdi_dir",
+    "runtime_dir",
+    "admin_socket",
+    "admin_group",
+    "mps",
+    "reconcile_interval_seconds",
+    "lease_default_seconds",
+    "owner_grace_seconds",
+    "cgroup_root",
+}
+
+
+def parse_partitions(table: Any) -> PartitionSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("partitions: expected a table ([partitions])")
+    _check_keys(table, PARTITION_KEYS, "partitions")
+    d = PartitionSettings()
+
+    def path(key: str) -> Path | None:
+        if key not in table:
+            return None
+        value = _string(table, key, "partitions.", "")
+        if not Path(value).is_absolute():
+            raise ConfigError(f"partitions.{key}: must be an absolute path, got {value!r}")
+        return Path(value)
+
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError("partitions.enabled: expected true or false")
+    admin_group = _string(table, "admin_group", "partitions.", "")
+    if admin_group:
+        import grp
+
+        try:
+            grp.getgrnam(admin_group)
+        except KeyError:
+            raise ConfigError(f"partitions.admin_group: no group named {admin_group!r} on this host") from None
+    mps = _string(table, "mps", "partitions.", "auto")
+    if mps not in ("auto", "nvidia", "simulated"):
+        raise ConfigError(f"partitions.mps: must be auto, nvidia or simulated, got {mps!r}")
+    return PartitionSettings(
+        enabled=enabled,
+        cdi_dir=path("cdi_dir"),
+        runtime_dir=path("runtime_dir"),
+        admin_socket=path("admin_socket"),
+        admin_group=admin_group,
+        mps=mps,
+        reconcile_interval_seconds=_number(
+            table, "reconcile_interval_seconds", "partitions", 10.0, minimum=0.1, maximum=3600
+        ),
+        lease_default_seconds=_number(table, "lease_default_seconds", "partitions", 300.0, minimum=1, maximum=86400),
+        owner_grace_seconds=_number(table, "owner_grace_seconds", "partitions", 60.0, minimum=0, maximum=3600),
+        cgroup_root=path("cgroup_root") or d.cgroup_root,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -14,9 +16,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.select import choose_backend
 from exporter.backends.simulated import SimulatedBackend
-from exporter.collectors import SnapshotExporter, default_collectors
+from exporter.collectors import Collector, SnapshotExporter, default_collectors
+from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
+from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
@@ -25,10 +29,13 @@ from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
+from healthd.partition.planner import topology_aware
+from healthd.partition.wiring import Partitions
 from healthd.probes import default_probes, xid_watcher
 from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
+from healthd.status_rows import status_providers
 from healthd.systemd import Notifier
 from healthd.topology_wiring import build_topology
 from healthd.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
@@ -82,6 +89,13 @@ def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
     return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
 
 
+def build_collectors(config: Config) -> list[Collector]:
+    collectors = default_collectors()
+    if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
+        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname()))
+    return collectors
+
+
 class Daemon:
     """Owns the components; start() brings them up in order, stop() takes them down in reverse."""
 
@@ -103,19 +117,35 @@ class Daemon:
         )
         self.sampler.subscribe(self.probes.on_snapshot)
         self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
+        self.partitions = (
+            Partitions(
+                config.partitions,
+                self.backend,
+                config.state_dir,
+                main_socket=_first_unix_socket(config),
+                pod_exists=self.attribution.kubelet.pod_exists,
+                order_any=topology_aware(self.topology.first_card),
+            )
+            if config.partitions.enabled
+            else None
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
-            *default_collectors(),
+            *build_collectors(config),
             *self.attribution.collectors(),
             *self.topology.collectors,
             self.fault_runtime.collector,
+            *([self.partitions.collector] if self.partitions else []),
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
+        # health checks, faults and partitions on the status page
+        self.status_providers = status_providers(self.faults, self.partitions.manager if self.partitions else None)
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
             self.registry,
             health=lambda: snapshot_health(self.sampler, stale_after),
+            landing=self.status_page,
             web_config=load_metrics_web_config(config.transport),
         )
         t = config.transport
@@ -125,10 +155,16 @@ class Daemon:
                 Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
                 *self.topology.services,
                 Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
+                *([self.partitions.read_service] if self.partitions else []),
             ],
             tls=load_grpc_tls(t, [a for a in config.grpc_addresses if is_tcp(a)]),
             socket_mode=t.grpc_socket_mode,
-            socket_gid=socket_group_id(t.grpc_socket_group),
+            socket_group=socket_group_id(t.grpc_socket_group),
+        )
+
+    def status_page(self) -> str:
+        return render_status_page(
+            self.sampler.latest(), providers=self.status_providers, hostname=socket.gethostname(), version=VERSION
         )
 
     async def start(self) -> None:
@@ -145,10 +181,14 @@ class Daemon:
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
         self.xid.start()
         self.topology.start()
+        if self.partitions is not None:
+            await self.partitions.start()
 
     async def stop(self) -> None:
         log.info("stopping")
         await self.grpc.stop()
+        if self.partitions is not None:
+            await self.partitions.stop()
         self.topology.stop()
         await asyncio.to_thread(self.http.stop)
         await asyncio.to_thread(self.xid.stop)  # before the backend closes: it waits on the driver's event set
@@ -157,6 +197,10 @@ class Daemon:
         await self.fault_runtime.stop()
         self.backend.close()
         log.info("stopped")
+
+
+def _first_unix_socket(config: Config) -> Path | None:
+    return next((Path(a[len("unix:") :]) for a in config.grpc_addresses if a.startswith("unix:")), None)
 
 
 def _add_simulation(servicer: object, server: object) -> None:

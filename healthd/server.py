@@ -37,13 +37,13 @@ class GrpcServer:
         *,
         tls: GrpcTls | None = None,
         socket_mode: int = SOCKET_MODE,
-        socket_gid: int | None = None,
+        socket_group: int | None = None,  # gid given to unix sockets; None keeps the daemon's group
     ) -> None:
         self._addresses = tuple(addresses)
         self._services = tuple(services)
         self._tls = tls
         self._socket_mode = socket_mode
-        self._socket_gid = socket_gid
+        self._socket_group = socket_group
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sockets: list[Path] = []
@@ -72,7 +72,7 @@ class GrpcServer:
                 self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
         for path in self._sockets:
-            secure_socket(path, self._socket_mode, self._socket_gid)
+            secure_socket(path, self._socket_mode, self._socket_group)
         for name in ["", *names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server

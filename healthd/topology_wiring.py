@@ -4,6 +4,7 @@ file, metrics collector and gRPC service. Kept out of main.py so the daemon wiri
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors.base import Collector
 from exporter.sampler import Sampler
+from exporter.topology.allocation import AllocationError, preferred_allocation
 from exporter.topology.collector import TopologyCollector
 from exporter.topology.layout import simulated_sysfs
 from exporter.topology.nfd import FeatureFilePublisher
@@ -38,6 +40,21 @@ class TopologyPart:
     def stop(self) -> None:
         if self.refresher is not None:
             self.refresher.stop()
+
+    def first_card(self, fitting: Sequence[int]) -> int | None:
+        """The card to use first for a one-card request among ``fitting`` (PreferredAllocation with count 1);
+        None while no topology is known."""
+        topology = self.refresher.latest() if self.refresher is not None else None
+        if topology is None:
+            return None
+        known = {g.index for g in topology.gpus}
+        pool = [g for g in fitting if g in known]
+        if not pool:
+            return None
+        try:
+            return preferred_allocation(topology, 1, pool).gpus[0]
+        except AllocationError:
+            return None
 
 
 def _add_topology(servicer: object, server: object) -> None:

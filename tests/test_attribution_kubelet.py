@@ -216,3 +216,23 @@ def test_background_refresher_picks_up_changes(sock: Path, kubelet_server: Any) 
 )
 def test_split_device_id(device_id: str, expected: tuple[str, int | None]) -> None:
     assert split_device_id(device_id) == expected
+
+
+def test_pod_exists_answers_from_the_last_listing(sock: Path, kubelet_server: Any) -> None:
+    """The partition reconciler asks whether an owner pod still exists: yes, no, or unknown without kubelet."""
+    client = KubeletPodResources(sock, refresh_interval=60)
+    try:
+        assert client.pod_exists("ml", "train-0") is None, "no listing yet: unknown, never 'gone'"
+        client.refresh()
+        assert client.pod_exists("ml", "train-0") is True
+        assert client.pod_exists("ml", "train-1") is False
+        with kubelet_server[1].lock:
+            kubelet_server[1].items = [a for a in kubelet_server[1].items if a.pod != "train-0"]
+        client.refresh()
+        assert client.pod_exists("ml", "train-0") is False
+        kubelet_server[0].stop()
+        sock.unlink(missing_ok=True)
+        client.refresh()
+        assert client.pod_exists("inf", "a") is None, "kubelet gone: unknown, so nothing is reclaimed by mistake"
+    finally:
+        client.stop()

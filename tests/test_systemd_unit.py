@@ -69,7 +69,8 @@ def test_verify_passes_with_the_installed_executable(tmp_path: Path) -> None:
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     (root / "bin").mkdir()
-    shutil.copy("/bin/kill", root / "bin/kill")
+    for tool in ("kill", "mkdir"):
+        shutil.copy(f"/bin/{tool}", root / "bin" / tool)
     result = analyze("verify", f"--root={root}", "--man=no", str(units / UNIT.name))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr.strip() == ""

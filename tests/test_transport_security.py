@@ -92,7 +92,7 @@ def test_unix_socket_is_0660_and_owned_by_the_configured_group(tmp_path: Path) -
     path = tmp_path / "h.sock"
 
     async def body() -> None:
-        server = GrpcServer([f"unix:{path}"], [], socket_mode=0o660, socket_gid=gid)
+        server = GrpcServer([f"unix:{path}"], [], socket_mode=0o660, socket_group=gid)
         await server.start()
         try:
             st = path.stat()

@@ -41,6 +41,7 @@ class PodResourcesView:
     state: str  # "ok", "absent" (no socket: not a Kubernetes node), "error", "stopped" (never refreshed)
     allocations: tuple[DeviceAllocation, ...] = ()
     allocatable: tuple[tuple[str, str], ...] = ()  # (resource_name, device_id)
+    pods: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of every pod kubelet listed
     last_success: float | None = None  # unix time
     error: str = ""
     refreshes: int = 0
@@ -133,7 +134,7 @@ class KubeletPodResources:
             )
             self._inode = inode
         try:
-            allocations = self._list()
+            allocations, pods = self._list()
             allocatable = self._allocatable()
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
@@ -145,6 +146,7 @@ class KubeletPodResources:
             state="ok",
             allocations=allocations,
             allocatable=allocatable,
+            pods=pods,
             last_success=self._clock(),
             refreshes=self._refreshes,
             failures=self._failures,
@@ -159,6 +161,7 @@ class KubeletPodResources:
             state="error",
             allocations=previous.allocations if keep else (),
             allocatable=previous.allocatable if keep else (),
+            pods=previous.pods if keep else frozenset(),
             last_success=previous.last_success,
             error=error,
             refreshes=self._refreshes,
@@ -170,12 +173,13 @@ class KubeletPodResources:
 
         return api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
 
-    def _list(self) -> tuple[DeviceAllocation, ...]:
+    def _list(self) -> tuple[tuple[DeviceAllocation, ...], frozenset[tuple[str, str]]]:
         from exporter.attribution.api.podresources.v1 import api_pb2
 
         stub = self._stub()
         reply = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.call_timeout)  # type: ignore[attr-defined]
         out: list[DeviceAllocation] = []
+        pods = frozenset((pod.namespace, pod.name) for pod in reply.pod_resources)
         for pod in reply.pod_resources:
             for container in pod.containers:
                 for devices in container.devices:
@@ -183,7 +187,14 @@ class KubeletPodResources:
                         DeviceAllocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
                         for device_id in devices.device_ids
                     )
-        return tuple(out)
+        return tuple(out), pods
+
+    def pod_exists(self, namespace: str, name: str) -> bool | None:
+        """Whether kubelet lists the pod; None when kubelet's answer is not current (absent, failing, not yet)."""
+        view = self.view()
+        if view.state != "ok":
+            return None
+        return (namespace, name) in view.pods
 
     def _allocatable(self) -> tuple[tuple[str, str], ...]:
         from exporter.attribution.api.podresources.v1 import api_pb2

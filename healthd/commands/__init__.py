@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from healthd.commands import faults, health, hook, simulate, topology
+from healthd.commands import alert_webhook, faults, health, hook, partitions, simulate, topology
 
-COMMANDS = (simulate, faults, health, hook, topology)
+COMMANDS = (simulate, faults, health, hook, partitions, topology, alert_webhook)

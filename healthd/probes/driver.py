@@ -240,12 +240,13 @@ class DriverProbe:
     def _gpu_error(self, ref: GpuRef, key: str, g: GpuSnapshot, now: float) -> Finding | None:
         error = g.error or ""
         if g.error_code == "gpu_lost":
-            # NVML_ERROR_GPU_IS_LOST: GPUd -> REBOOT_SYSTEM; the same card state as XID 79 (NVIDIA: RESTART_BM).
+            # NVML_ERROR_GPU_IS_LOST: the same card state as XID 79 (NVIDIA: RESTART_BM; GPUd: REBOOT_SYSTEM).
+            # replace_node, as for XID 79 in the catalog: swap the node for a standby, reboot it in repair.
             return Finding(
                 CHECK,
                 "gpu_lost",
                 Severity.FATAL,
-                Action.REBOOT_NODE,
+                Action.REPLACE_NODE,
                 f"the GPU is lost: {error}",
                 ref,
                 evidence(error=error),

@@ -95,7 +95,7 @@ def test_gpu_lost_is_fatal_even_though_the_sample_is_stale(h200x8: Node) -> None
     h200x8.inject("gpu_lost", 6)
     report = probe.evaluate(h200x8.tick(), h200x8.clock())
     f = only(report, "gpu_lost")
-    assert (f.gpu.index if f.gpu else None, f.severity, f.action) == (6, Severity.FATAL, Action.REBOOT_NODE)
+    assert (f.gpu.index if f.gpu else None, f.severity, f.action) == (6, Severity.FATAL, Action.REPLACE_NODE)
     assert status(report, 6) == "failed"
     assert status(report, 5) == "ok"
 

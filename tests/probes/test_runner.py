@@ -84,6 +84,6 @@ def test_default_probes_over_a_faulty_node(h200x8: Node, tmp_path: Path) -> None
     assert found == {
         ("ecc", "ecc_row_remap_failure", 1, Action.REPLACE_NODE),
         ("nvlink", "nvlink_down", 2, Action.REBOOT_NODE),
-        ("driver", "gpu_lost", 3, Action.REBOOT_NODE),
+        ("driver", "gpu_lost", 3, Action.REPLACE_NODE),
         ("configuration", "persistence_mode_unexpected", 4, Action.NONE),
     }

@@ -52,7 +52,7 @@ def test_same_xid_from_nvml_and_kmsg_counts_once(h200x8: Node) -> None:
     watcher.on_kmsg_record(_record("NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."))
     assert len(sink.events) == 1
     f = sink.events[0]
-    assert (f.code, f.kind, f.severity, f.action) == ("xid_79", "event", Severity.FATAL, Action.REBOOT_NODE)
+    assert (f.code, f.kind, f.severity, f.action) == ("xid_79", "event", Severity.FATAL, Action.REPLACE_NODE)
     assert f.gpu is not None
     assert (f.gpu.index, f.evidence["source"], f.evidence["pci_bus_id"]) == (2, "nvml", GPU2_PCI)
     assert watcher.merger.merged == 2
@@ -204,7 +204,7 @@ def test_catalog_content() -> None:
         if entry.application_level:
             assert entry.action <= Action.RESTART_APP, xid
     assert {x for x in catalog.xids() if catalog.lookup(x).application_level} >= {13, 31, 43, 45, 68}
-    assert catalog.lookup(79).action is Action.REBOOT_NODE
+    assert catalog.lookup(79).action is Action.REPLACE_NODE
     assert catalog.lookup(48).action is Action.RESET_GPU
     assert not catalog.lookup(99999).known
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Real-GPU validation in one run of about 5 minutes (--quick: about 3) on an NVIDIA machine. Reads only: it never
+# changes MIG mode, clocks, power limit, compute mode or persistence mode (it records them before and after).
+#
+# Here, once:   bench/device_wheels.sh              (structlog, grpcio add-ons, nvitop-exporter ... into .whl/)
+# Device tool:  run(command="bash bench/device_check.sh", carry=[".whl"], timeout_s=540)
+# Elsewhere:    OUT=/tmp/xpu-check bash bench/device_check.sh   (any NVIDIA machine with Python 3.12 and torch)
+#
+# Steps: the backend contract suite on real NVML (pytest), then bench/device_check.py: the daemon on the real backend
+# for a minute, NVML overhead, bf16 matmul throughput with and without the daemon, and nvitop-exporter and
+# nvidia-smi beside it. Results land in $OUT (device_results.json, summary.txt, logs); the summary prints last.
+set -uo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+OUT=${OUT:-$PWD/.device/out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/check.log") 2>&1
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device_check: installing the carried wheels failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  echo "device_check: no .whl/ here: using the installed packages (run bench/device_wheels.sh first if imports fail)"
+  export PYTHONPATH=$PWD
+fi
+
+echo "== machine"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,mig.mode.current,persistence_mode --format=csv || true
+python3 - <<'EOF'
+import importlib
+for name in ("pynvml", "prometheus_client", "grpc", "google.protobuf", "structlog", "nvitop", "torch"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:<18} {getattr(mod, '__version__', '?'):<14} {getattr(mod, '__file__', '')}")
+    except Exception as exc:
+        print(f"{name:<18} MISSING ({exc})")
+EOF
+
+echo "== contract tests on real NVML"
+XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_backend_contract.py \
+  2>&1 | tee "$OUT/pytest.log" | tail -25
+contract_rc=${PIPESTATUS[0]}
+
+echo "== device_check.py"
+timeout 480 python3 bench/device_check.py --out "$OUT" --contract-rc "$contract_rc" "$@"
+rc=$?
+[ "$contract_rc" -eq 0 ] || rc=1
+echo "device_check: exit $rc (results in $OUT)"
+exit $rc

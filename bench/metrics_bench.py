@@ -1,0 +1,108 @@
+"""/metrics cost as the node grows: render time and HTTP scrape latency p50/p99, series and body size.
+
+The registry is built as the daemon builds it (``SnapshotExporter`` over ``default_collectors()``), on one
+Snapshot of a generated node. Scrapes go over one kept-alive HTTP/1.1 connection with the headers Prometheus
+sends (OpenMetrics first, gzip), as a Prometheus server would. The process count reaches /metrics only through
+the collectors that export per-process series; in a tree without them the curve over processes is flat.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from bench.common import BenchArgs, Row, median, percentile
+from bench.scenarios import scaled
+from exporter.backends.simulated import SimulatedBackend
+from exporter.collectors import Collector, SnapshotExporter, default_collectors
+from exporter.http import Health, MetricsHTTPServer
+from exporter.sampler import Sampler, SamplerConfig
+
+NAME = "metrics"
+WARMUP = 3  # renders and scrapes before timing starts
+
+# What Prometheus 3.x sends on a scrape (scrape_protocols default order) and its gzip request.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+def collectors() -> list[Collector]:
+    """The daemon's collector list (the one place to adapt if building it ever needs arguments)."""
+    return default_collectors()
+
+
+def scrape_latencies(port: int, scrapes: int) -> tuple[list[float], int]:
+    """Seconds per scrape over one kept-alive connection, and the compressed body size of the last one."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
+    times: list[float] = []
+    size = 0
+    try:
+        for i in range(WARMUP + scrapes):
+            t = time.perf_counter()
+            conn.request("GET", "/metrics", headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t)
+            if resp.status != 200:
+                raise RuntimeError(f"/metrics answered {resp.status}")
+            size = len(body)
+    finally:
+        conn.close()
+    return times, size
+
+
+def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
+    sim = SimulatedBackend(scaled(gpus, processes_per_gpu))
+    sim.open()
+    sampler = Sampler(sim, SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0))
+    server: MetricsHTTPServer | None = None
+    try:
+        sampler.run_once()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotExporter(sampler.latest, collectors()))
+        encode, _ = choose_encoder(PROMETHEUS_ACCEPT)  # the encoder the HTTP handler picks for Prometheus
+        for _ in range(WARMUP):
+            encode(registry)
+        render: list[float] = []
+        body = b""
+        for _ in range(scrapes):
+            t = time.perf_counter()
+            body = encode(registry)
+            render.append(time.perf_counter() - t)
+        server = MetricsHTTPServer(("127.0.0.1", 0), registry, health=lambda: Health(True, "ok"))
+        server.start()
+        latencies, gz_size = scrape_latencies(server.port, scrapes)
+    finally:
+        if server is not None:
+            server.stop()
+        sampler.stop()
+        sim.close()
+    # OpenMetrics adds a _created sample per counter; count the samples Prometheus stores (as in the text format)
+    lines = body.decode().splitlines()
+    series = sum(1 for line in lines if line and not line.startswith("#") and "_created" not in line.split(" ")[0])
+    procs = gpus * processes_per_gpu
+    note = f"{scrapes} scrapes"
+    return [
+        Row("/metrics scrape p50", "ms", median(latencies) * 1e3, gpus, procs, note=note),
+        Row("/metrics scrape p99", "ms", percentile(latencies, 0.99) * 1e3, gpus, procs, note=note),
+        Row("  render only p50 (same encoder, no HTTP, no gzip)", "ms", median(render) * 1e3, gpus, procs),
+        Row("  series", "", float(series), gpus, procs),
+        Row("  body", "KiB", len(body) / 1024, gpus, procs),
+        Row("  body gzip", "KiB", gz_size / 1024, gpus, procs),
+    ]
+
+
+def run(args: BenchArgs) -> list[Row]:
+    rows: list[Row] = []
+    for per_gpu in args.processes_per_gpu:
+        for gpus in args.gpu_counts:
+            scrapes = max(50, args.scrapes * 8 // max(gpus, 8))
+            rows += measure(gpus, per_gpu, scrapes)
+    return rows

@@ -1,0 +1,289 @@
+"""The status page at / on the metrics port: the node at a glance for a person, as one small HTML page.
+
+No scripts, no external assets (it must work on an air-gapped node and through a port-forward); it refreshes
+itself every 10 s. Card data comes from the Snapshot. Health checks, active faults and partitions live in the
+daemon (``healthd``), which the exporter must not import, so they come in through optional providers that return
+the plain rows below; a section whose provider is missing says so instead of showing an empty table.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from exporter.backends.types import ComputeMode, LinkState, Unsupported
+from exporter.collectors.card import CLOCK_EVENT_REASONS
+from exporter.snapshot import GpuSnapshot, Snapshot
+
+SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+LEAK_BYTES = 1 << 30
+T = TypeVar("T")
+RECOVERY = {1: "GPU reset", 2: "node reboot", 3: "drain peer-to-peer", 4: "drain and reset"}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRow:
+    check: str
+    gpu: int | None  # None: node-wide
+    status: str  # ok, warning, failed, unsupported, unknown
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRow:
+    code: str
+    gpu: int | None
+    severity: str  # info, warning, critical, fatal
+    action: str  # none, restart_app, reset_gpu, reboot_node, replace_node
+    message: str
+    since: float  # unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRow:
+    partition_id: str
+    gpu: int
+    mode: str  # tdm, mig
+    owner: str
+    detail: str = ""  # quotas or MIG profile
+
+
+@dataclass(frozen=True, slots=True)
+class StatusProviders:
+    checks: Callable[[], Sequence[CheckRow]] | None = None
+    faults: Callable[[], Sequence[FaultRow]] | None = None
+    partitions: Callable[[], Sequence[PartitionRow]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    level: str  # "bad" or "warn"
+    text: str
+
+
+def card_problems(gpu: GpuSnapshot) -> list[Problem]:
+    """What the card data alone shows to be wrong (display only; the daemon's probes decide faults)."""
+    if not gpu.fresh:
+        return [Problem("bad", f"not answering ({gpu.error_code or 'error'}): {gpu.error or ''}".rstrip(": "))]
+    s = gpu.sample
+    if s is None:
+        return [Problem("warn", "no sample yet")]
+    out: list[Problem] = []
+    if isinstance(s.ecc.uncorrected_volatile, int) and s.ecc.uncorrected_volatile > 0:
+        out.append(Problem("bad", f"{s.ecc.uncorrected_volatile} uncorrectable ECC errors"))
+    if not isinstance(s.remapped_rows, Unsupported):
+        if s.remapped_rows.failure:
+            out.append(Problem("bad", "row remapping failed"))
+        elif s.remapped_rows.pending:
+            out.append(Problem("warn", "row remap pending (reset needed)"))
+    if not isinstance(s.nvlinks, Unsupported):
+        down = [link.link for link in s.nvlinks if link.state is LinkState.DOWN]
+        if down:
+            out.append(Problem("bad", f"NVLink {', '.join(map(str, down))} down"))
+    if isinstance(s.recovery_action, int) and s.recovery_action in RECOVERY:
+        out.append(Problem("bad", f"driver asks for {RECOVERY[s.recovery_action]}"))
+    if s.compute_mode is ComputeMode.PROHIBITED:
+        out.append(Problem("warn", "compute mode Prohibited"))
+    if isinstance(s.clock_event_reasons, int):
+        slow = [name for bit, name in CLOCK_EVENT_REASONS if s.clock_event_reasons & bit and name in SLOWDOWN_REASONS]
+        if slow:
+            out.append(Problem("warn", "slowed down: " + ", ".join(slow)))
+    if not gpu.processes and s.memory_used_bytes > LEAK_BYTES and not gpu.mig_instances:
+        out.append(Problem("warn", f"{s.memory_used_bytes / 2**30:.1f} GiB held with no process"))
+    return out
+
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:12px 20px;display:flex;gap:24px;align-items:baseline;flex-wrap:wrap}
+header h1{font-size:18px;margin:0}header a{color:#9cc3ff}main{padding:12px 20px}
+.banner{padding:10px 14px;border-radius:6px;margin:8px 0 14px;font-weight:600}
+.ok{background:#dff3e4;color:#17602b}.warn{background:#fff1d6;color:#7a4b00}.bad{background:#fbe0e0;color:#8a1414}
+.muted{color:#6b7280}table{border-collapse:collapse;width:100%;background:#fff;margin-bottom:18px}
+th,td{border-bottom:1px solid #e5e7eb;padding:5px 8px;text-align:left;vertical-align:top;white-space:nowrap}
+th{background:#eef0f4;font-weight:600}td.wrap{white-space:normal}h2{font-size:15px;margin:16px 0 6px}
+tr.bad-row td{background:#fff5f5}tr.warn-row td{background:#fffaf0}
+.pill{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;margin:1px 3px 1px 0}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _opt(value: object, fmt: str) -> str:
+    if value is None or isinstance(value, Unsupported):
+        return "&ndash;"
+    return _e(fmt.format(value))
+
+
+def _gpu_rows(snapshot: Snapshot) -> str:
+    rows = []
+    for gpu in snapshot.gpus:
+        info, s = gpu.info, gpu.sample
+        problems = card_problems(gpu)
+        level = "bad" if any(p.level == "bad" for p in problems) else "warn" if problems else "ok"
+        state = "".join(f'<span class="pill {p.level}">{_e(p.text)}</span>' for p in problems) or (
+            '<span class="pill ok">ok</span>'
+        )
+        name = _e(info.name) if info else "?"
+        uuid = _e(info.uuid[:12] + "…") if info else ""
+        if s is None or not gpu.fresh:
+            values = '<td colspan="6" class="muted">no current values</td>'
+        else:
+            total = info.memory_total_bytes if info else 0
+            mem = f"{s.memory_used_bytes / 2**30:.0f} / {total / 2**30:.0f} GiB"
+            links = "&ndash;"
+            if not isinstance(s.nvlinks, Unsupported) and s.nvlinks:
+                up = sum(1 for link in s.nvlinks if link.state is LinkState.UP)
+                links = f"{up}/{len(s.nvlinks)}"
+            mig = "on" if s.mig_mode_current is True else "off"
+            if gpu.mig_instances:
+                mig += " (" + ", ".join(_e(m.profile_name) for m in gpu.mig_instances) + ")"
+            util = s.gpu_utilization_ratio
+            values = (
+                f"<td>{_opt(None if isinstance(util, Unsupported) else util * 100, '{:.0f} %')}</td>"
+                f"<td>{_e(mem)}</td><td>{_opt(s.temperature_gpu_celsius, '{:.0f} °C')}</td>"
+                f"<td>{_opt(s.power_draw_watts, '{:.0f}')} / {_opt(s.power_limit_watts, '{:.0f} W')}</td>"
+                f"<td>{links}</td><td>{mig}</td>"
+            )
+        rows.append(
+            f'<tr class="{level}-row"><td>{gpu.index}</td><td>{name}<br><span class="muted">{uuid}</span></td>'
+            f'{values}<td class="wrap">{state}</td></tr>'
+        )
+    head = (
+        "<tr><th>GPU</th><th>model</th><th>util</th><th>memory</th><th>temp</th><th>power</th>"
+        "<th>NVLink up</th><th>MIG</th><th>state</th></tr>"
+    )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _section(title: str, rows: Sequence[object] | None, render: Callable[[Sequence[object]], str]) -> str:
+    if rows is None:
+        return f'<h2>{_e(title)}</h2><p class="muted">Not available in this build.</p>'
+    if not rows:
+        return f'<h2>{_e(title)}</h2><p class="muted">None.</p>'
+    return f"<h2>{_e(title)}</h2>{render(rows)}"
+
+
+def _gpu_text(gpu: int | None) -> str:
+    return "node" if gpu is None else str(gpu)
+
+
+def _checks_table(rows: Sequence[object]) -> str:
+    checks = sorted({r.check for r in rows if isinstance(r, CheckRow)})
+    gpus = sorted({r.gpu for r in rows if isinstance(r, CheckRow)}, key=lambda g: -1 if g is None else g)
+    cell = {(r.check, r.gpu): r for r in rows if isinstance(r, CheckRow)}
+    level = {"ok": "ok", "warning": "warn", "failed": "bad"}
+    head = "<tr><th>check</th>" + "".join(f"<th>{'node' if g is None else f'GPU {g}'}</th>" for g in gpus) + "</tr>"
+    body = []
+    for check in checks:
+        tds = []
+        for g in gpus:
+            r = cell.get((check, g))
+            if r is None:
+                tds.append("<td></td>")
+            else:
+                title = f' title="{_e(r.detail)}"' if r.detail else ""
+                tds.append(f'<td{title}><span class="pill {level.get(r.status, "muted")}">{_e(r.status)}</span></td>')
+        body.append(f"<tr><td>{_e(check)}</td>{''.join(tds)}</tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _faults_table(rows: Sequence[object], now: float) -> str:
+    level = {"fatal": "bad", "critical": "bad", "warning": "warn"}
+    body = []
+    for r in rows:
+        if not isinstance(r, FaultRow):
+            continue
+        age = max(0.0, now - r.since)
+        body.append(
+            f'<tr><td><span class="pill {level.get(r.severity, "muted")}">{_e(r.severity)}</span></td>'
+            f"<td>{_e(r.code)}</td><td>{_e(_gpu_text(r.gpu))}</td><td><b>{_e(r.action)}</b></td>"
+            f'<td class="wrap">{_e(r.message)}</td><td>{age:.0f} s ago</td></tr>'
+        )
+    head = "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th></tr>"
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _partitions_table(rows: Sequence[object]) -> str:
+    body = [
+        f"<tr><td>{_e(r.partition_id)}</td><td>{r.gpu}</td><td>{_e(r.mode)}</td><td>{_e(r.owner)}</td>"
+        f'<td class="wrap">{_e(r.detail)}</td></tr>'
+        for r in rows
+        if isinstance(r, PartitionRow)
+    ]
+    head = "<tr><th>partition</th><th>GPU</th><th>mode</th><th>owner</th><th>detail</th></tr>"
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _call(provider: Callable[[], Sequence[T]] | None) -> Sequence[T] | None:
+    return None if provider is None else list(provider())
+
+
+def render_status_page(
+    snapshot: Snapshot | None,
+    now: float | None = None,
+    providers: StatusProviders | None = None,
+    *,
+    hostname: str = "",
+    version: str = "",
+) -> str:
+    now = time.time() if now is None else now
+    providers = providers or StatusProviders()
+    title = f"xpu-healthd {hostname}".strip()
+    header = (
+        f"<header><h1>{_e(title)}</h1>"
+        f'<span><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></span>'
+    )
+    if snapshot is None:
+        return _page(title, header + "</header><main><p>No sample yet.</p></main>")
+    driver = snapshot.system.driver_version if snapshot.system else "?"
+    header += (
+        f"<span>{len(snapshot.gpus)} GPUs &middot; driver {_e(driver)} &middot; {_e(snapshot.backend_name)}"
+        f"{' &middot; ' + _e(version) if version else ''} &middot; data {now - snapshot.taken_at:.1f} s old</span>"
+        "</header>"
+    )
+    faults = _call(providers.faults)
+    checks = _call(providers.checks)
+    partitions = _call(providers.partitions)
+    stuck = [g.index for g in snapshot.gpus if not g.fresh]
+    bad = [g.index for g in snapshot.gpus if any(p.level == "bad" for p in card_problems(g))]
+    warn = [g.index for g in snapshot.gpus if card_problems(g) and g.index not in bad]
+    if not snapshot.backend_up:
+        banner = ("bad", f"GPU driver library not usable: {snapshot.backend_error}")
+    elif bad or faults:
+        parts = [f"{_gpus(bad)} need{'s' if len(bad) == 1 else ''} attention"] if bad else []
+        if faults:
+            parts.append(f"{len(faults)} active fault{'s' if len(faults) != 1 else ''}")
+        banner = ("bad", "; ".join(parts))
+    elif warn:
+        banner = ("warn", f"{_gpus(warn)}: warnings")
+    else:
+        banner = ("ok", f"All {len(snapshot.gpus)} GPUs answering, no problems seen")
+    if stuck:
+        banner = (banner[0], banner[1] + f" ({len(stuck)} not answering)")
+    body = (
+        f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
+        f"<h2>GPUs</h2>{_gpu_rows(snapshot)}"
+        + _section("Active faults", faults, lambda rows: _faults_table(rows, now))
+        + _section("Health checks", checks, _checks_table)
+        + _section("Partitions", partitions, _partitions_table)
+        + "</main>"
+    )
+    return _page(title, header + body)
+
+
+def _gpus(indexes: Sequence[int]) -> str:
+    return ("GPU " if len(indexes) == 1 else "GPUs ") + ", ".join(map(str, indexes))
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="refresh" content="10"><meta name="viewport" content="width=device-width">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )

@@ -1,0 +1,245 @@
+"""`xpuctl partitions ...`: create, list, get, delete, capacity, mode, renew, and exec a command inside a partition.
+
+Reads go to the daemon's socket (--socket); changes go to the admin socket (--admin-socket, default: the
+healthd-admin.sock next to --socket), which only root (or the configured admin group) can open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf import json_format
+
+MODE_NAMES = {"none": "PARTITION_MODE_NONE", "tdm": "PARTITION_MODE_TDM", "mig": "PARTITION_MODE_MIG"}
+MODE_LABEL = {0: "?", 1: "none", 2: "tdm", 3: "mig"}
+
+
+def _stub(channel: grpc.Channel) -> Any:
+    from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
+
+    return pb_grpc.PartitionsStub(channel)  # type: ignore[no-untyped-call]
+
+
+def admin_address(args: argparse.Namespace) -> str:
+    if args.admin_socket:
+        return str(args.admin_socket)
+    env = os.environ.get("XPU_ADMIN_SOCKET")
+    if env:
+        return env
+    socket_addr: str = args.socket
+    if socket_addr.startswith("unix:"):
+        return "unix:" + os.path.join(os.path.dirname(socket_addr[len("unix:") :]), "healthd-admin.sock")
+    raise ValueError("--admin-socket is required when --socket is not a unix socket")
+
+
+def _owner(args: argparse.Namespace) -> Any:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    given = [x for x in (args.owner_pid, args.owner_container, args.owner_pod, args.owner_lease) if x]
+    if len(given) > 1:
+        raise ValueError("give one owner: --owner-pid, --owner-container, --owner-pod or --owner-lease")
+    if args.owner_pid:
+        return pb.Owner(process=pb.ProcessOwner(pid=args.owner_pid))
+    if args.owner_container:
+        return pb.Owner(container=pb.ContainerOwner(id=args.owner_container, cgroup_path=args.cgroup_path or ""))
+    if args.owner_pod:
+        parts = args.owner_pod.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"--owner-pod: expected NAMESPACE/POD/CONTAINER, got {args.owner_pod!r}")
+        return pb.Owner(pod=pb.PodOwner(namespace=parts[0], name=parts[1], container=parts[2]))
+    holder = args.owner_lease or f"xpuctl@{socket.gethostname()}:{os.getuid()}"
+    return pb.Owner(lease=pb.LeaseOwner(holder=holder, ttl_seconds=args.ttl))
+
+
+def _print_partitions(partitions: Sequence[Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([json_format.MessageToDict(p) for p in partitions], indent=2))
+        return
+    print(f"{'ID':16} {'GPU':>3} {'MODE':4} {'COMPUTE':>7} {'MEMORY':>10} {'STATE':8} {'OWNER':32} DEVICE")
+    for p in partitions:
+        compute = f"{p.compute_percent}%" if p.compute_percent else "-"
+        memory = f"{p.memory_limit_bytes // 2**20}MiB" if p.memory_limit_bytes else "-"
+        owner = _describe_owner(p.owner)
+        device = p.mig.uuid if p.HasField("mig") else p.cdi_device
+        print(f"{p.id:16} {p.gpu:>3} {MODE_LABEL[p.mode]:4} {compute:>7} {memory:>10} {p.state:8} {owner:32} {device}")
+
+
+def _describe_owner(owner: Any) -> str:
+    which = owner.WhichOneof("kind")
+    if which == "container":
+        return f"container {owner.container.id[:12]}"
+    if which == "pod":
+        return f"pod {owner.pod.namespace}/{owner.pod.name}/{owner.pod.container}"
+    if which == "process":
+        return f"pid {owner.process.pid}"
+    if which == "lease":
+        return f"lease {owner.lease.holder}"
+    return "-"
+
+
+def cmd_create(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    request = pb.CreatePartitionRequest(
+        owner=_owner(args),
+        gpu=args.gpu,
+        compute_percent=args.compute,
+        memory=args.memory,
+        request_id=args.request_id,
+    )
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        partition = _stub(admin).CreatePartition(request, timeout=args.timeout)
+    _print_partitions([partition], args.json)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    reply = _stub(channel).ListPartitions(pb.ListPartitionsRequest(gpu=args.gpu), timeout=args.timeout)
+    _print_partitions(reply.partitions, args.json)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    partition = _stub(channel).GetPartition(pb.GetPartitionRequest(id=args.id), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(partition), indent=2))
+    else:
+        _print_partitions([partition], False)
+        for key, value in sorted(partition.env.items()):
+            print(f"  env {key}={value}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        reply = _stub(admin).DeletePartition(pb.DeletePartitionRequest(id=args.id), timeout=args.timeout)
+    print(f"{reply.id}: {'deleted' if reply.deleted else 'did not exist'}")
+    return 0
+
+
+def cmd_renew(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        p = _stub(admin).RenewLease(pb.RenewLeaseRequest(id=args.id, ttl_seconds=args.ttl), timeout=args.timeout)
+    print(f"{p.id}: lease until {p.lease_expires_at:.0f}")
+    return 0
+
+
+def cmd_mode(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    request = pb.SetCardModeRequest(gpu=args.gpu, mode=MODE_NAMES[args.mode])
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        card = _stub(admin).SetCardMode(request, timeout=args.timeout)
+    print(f"GPU {card.gpu} ({card.gpu_uuid}): mode {MODE_LABEL[card.mode]}")
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    reply = _stub(channel).GetCapacity(pb.GetCapacityRequest(gpu=args.gpu), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(reply), indent=2))
+        return 0
+    print(f"{'GPU':>3} {'MODE':4} {'PARTS':>5} {'COMPUTE':>8} {'MEMORY (MiB)':>18} {'MIG FREE':>8} FOREIGN")
+    for c in reply.cards:
+        memory = f"{c.memory_allocated_bytes // 2**20}/{c.memory_total_bytes // 2**20}"
+        slices = str(c.mig_memory_slices_free) if MODE_LABEL[c.mode] == "mig" else "-"
+        print(
+            f"{c.gpu:>3} {MODE_LABEL[c.mode]:4} {c.partitions:>5} {c.compute_percent_allocated:>7}% {memory:>18} "
+            f"{slices:>8} {len(c.foreign_mig_instances)}"
+        )
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace, channel: grpc.Channel) -> NoReturn:
+    """Run a command with the partition's environment (bare metal, development). Replaces this process."""
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("exec: give a command after the id, e.g. `xpuctl partitions exec ID -- python3 x.py`")
+    partition = _stub(channel).GetPartition(pb.GetPartitionRequest(id=args.id), timeout=args.timeout)
+    if partition.state != "ready":
+        raise ValueError(f"partition {partition.id} is {partition.state}, not ready")
+    env = {**os.environ, **dict(partition.env)}
+    sys.stdout.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        raise ValueError(f"exec {command[0]}: {exc.strerror}") from None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parts = sub.add_parser("partitions", help="GPU partitions: TDM quotas (MPS) and dynamic MIG")
+    parts.add_argument(
+        "--admin-socket",
+        metavar="ADDR",
+        help="admin socket for changes (default: env XPU_ADMIN_SOCKET, else healthd-admin.sock next to --socket)",
+    )
+    ps = parts.add_subparsers(dest="action", required=True)
+
+    create = ps.add_parser("create", help="create a partition")
+    create.add_argument("--gpu", default="any", help="GPU index, UUID or 'any' (default)")
+    create.add_argument("--compute", type=int, default=0, help="compute quota, 1-100 percent of the card (0: no limit)")
+    create.add_argument("--memory", default="", help="memory cap, e.g. 8GiB or 512MiB (multiple of 128 MiB)")
+    create.add_argument("--owner-pid", type=int, default=0, help="owned by this process (reclaimed when it exits)")
+    create.add_argument("--owner-container", default="", metavar="ID", help="owned by this container")
+    create.add_argument("--cgroup-path", default="", help="the container's cgroup, relative to /sys/fs/cgroup")
+    create.add_argument("--owner-pod", default="", metavar="NS/POD/CONTAINER", help="owned by this pod's container")
+    create.add_argument("--owner-lease", default="", metavar="HOLDER", help="owned by a lease (default owner)")
+    create.add_argument("--ttl", type=float, default=0.0, help="lease seconds (0: the daemon's default)")
+    create.add_argument("--request-id", default="", help="idempotency key: a retry returns the same partition")
+    create.add_argument("--json", action="store_true")
+    create.set_defaults(func=cmd_create)
+
+    lst = ps.add_parser("list", help="list partitions")
+    lst.add_argument("--gpu", default="", help="only this GPU")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(func=cmd_list)
+
+    get = ps.add_parser("get", help="show one partition with its environment")
+    get.add_argument("id")
+    get.add_argument("--json", action="store_true")
+    get.set_defaults(func=cmd_get)
+
+    delete = ps.add_parser("delete", help="delete a partition")
+    delete.add_argument("id")
+    delete.set_defaults(func=cmd_delete)
+
+    renew = ps.add_parser("renew", help="renew a lease-owned partition")
+    renew.add_argument("id")
+    renew.add_argument("--ttl", type=float, default=0.0, help="seconds (0: the daemon's default)")
+    renew.set_defaults(func=cmd_renew)
+
+    mode = ps.add_parser("mode", help="set a card's partition mode (none, tdm, mig)")
+    mode.add_argument("gpu", help="GPU index or UUID")
+    mode.add_argument("mode", choices=sorted(MODE_NAMES))
+    mode.set_defaults(func=cmd_mode)
+
+    cap = ps.add_parser("capacity", help="allocated and free capacity per card")
+    cap.add_argument("--gpu", default="", help="only this GPU")
+    cap.add_argument("--json", action="store_true")
+    cap.set_defaults(func=cmd_capacity)
+
+    ex = ps.add_parser("exec", help="run a command inside a partition: xpuctl partitions exec ID -- CMD [ARGS]")
+    ex.add_argument("id")
+    ex.add_argument("command", nargs=argparse.REMAINDER)
+    ex.set_defaults(func=cmd_exec)

@@ -1,0 +1,103 @@
+"""Plain values of the partition service: card modes, owners, partitions as stored."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+from healthd.partition.errors import invalid
+
+
+class CardMode(enum.StrEnum):
+    NONE = "none"
+    TDM = "tdm"
+    MIG = "mig"
+
+
+class OwnerKind(enum.StrEnum):
+    CONTAINER = "container"
+    POD = "pod"
+    PROCESS = "process"
+    LEASE = "lease"
+
+
+class State(enum.StrEnum):
+    CREATING = "creating"  # intent recorded; the GPU side may or may not exist yet (resolved at restart)
+    READY = "ready"
+    DELETING = "deleting"  # delete started; the GPU side is being torn down (retried until it is gone)
+
+
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    kind: OwnerKind
+    container_id: str = ""
+    cgroup_path: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    pid: int = 0
+    pid_start_ticks: int = 0  # /proc/PID/stat starttime, to tell a reused PID from the owner
+    holder: str = ""
+
+    def describe(self) -> str:
+        match self.kind:
+            case OwnerKind.CONTAINER:
+                return f"container {self.container_id[:12]}"
+            case OwnerKind.POD:
+                return f"pod {self.namespace}/{self.pod} container {self.container}"
+            case OwnerKind.PROCESS:
+                return f"pid {self.pid}"
+            case OwnerKind.LEASE:
+                return f"lease {self.holder}"
+
+    def validate(self) -> None:
+        match self.kind:
+            case OwnerKind.CONTAINER:
+                if not _CONTAINER_ID.match(self.container_id):
+                    raise invalid(f"owner.container.id: expected 12-64 lowercase hex digits, got {self.container_id!r}")
+                if self.cgroup_path and (".." in self.cgroup_path.split("/") or "\0" in self.cgroup_path):
+                    raise invalid(f"owner.container.cgroup_path: must stay under the cgroup root: {self.cgroup_path!r}")
+            case OwnerKind.POD:
+                for name, value in (("namespace", self.namespace), ("name", self.pod), ("container", self.container)):
+                    if not _DNS_LABEL.match(value):
+                        raise invalid(f"owner.pod.{name}: expected a Kubernetes name, got {value!r}")
+            case OwnerKind.PROCESS:
+                if self.pid <= 0:
+                    raise invalid(f"owner.process.pid: must be a positive PID, got {self.pid}")
+            case OwnerKind.LEASE:
+                if not self.holder or len(self.holder) > 253 or not self.holder.isprintable():
+                    raise invalid("owner.lease.holder: expected a printable name of 1-253 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlacement:
+    profile_id: int
+    profile_name: str
+    placement_start: int
+    placement_size: int
+    gpu_instance_id: int = 0
+    compute_instance_id: int = 0
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    id: str
+    gpu: int
+    gpu_uuid: str
+    mode: CardMode
+    compute_percent: int
+    memory_mib: int
+    owner: Owner
+    state: State
+    created_at: float
+    lease_expires_at: float = 0.0
+    request_id: str = ""
+    request_fingerprint: str = ""
+    mig: MigPlacement | None = None
+    extra: dict[str, str] = field(default_factory=dict)

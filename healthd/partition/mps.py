@@ -1,0 +1,275 @@
+"""CUDA MPS control daemons: one per TDM partition, each with its own pipe directory and its quota as defaults.
+
+Why one per partition: on a real H200 the control daemon's defaults (``set_default_active_thread_percentage``,
+``set_default_device_pinned_mem_limit``) are ceilings a client cannot raise through its environment, while a
+client's own ``CUDA_MPS_*`` env can only lower them (shared/fixtures/h200/README.md). One daemon per card would
+have to default to the largest quota on the card, so a tampering client could take more than its partition holds.
+A daemon per partition, defaulted to exactly that partition's quota, holds the quota whatever the client sets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+log = structlog.get_logger("partition.mps")
+
+MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
+
+
+def mps_memory(mib: int) -> str:
+    """MPS memory text: whole GiB as "2G" (the form measured on the H200), else MiB as "640M"."""
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonSpec:
+    partition_id: str
+    gpu_uuid: str
+    pipe_dir: Path
+    log_dir: Path
+    active_thread_percentage: int  # 0: no limit
+    pinned_memory_mib: int  # 0: no limit
+
+    def env(self) -> dict[str, str]:
+        """The control daemon's environment: only its own card, its private directories."""
+        return {
+            "CUDA_VISIBLE_DEVICES": self.gpu_uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+        }
+
+    def default_commands(self) -> list[str]:
+        """Control commands that set this partition's quota as the daemon's (client-unraisable) defaults."""
+        commands = []
+        if self.active_thread_percentage:
+            commands.append(f"set_default_active_thread_percentage {self.active_thread_percentage}")
+        if self.pinned_memory_mib:
+            # device 0 is the one card CUDA_VISIBLE_DEVICES leaves visible to this daemon
+            commands.append(f"set_default_device_pinned_mem_limit 0 {mps_memory(self.pinned_memory_mib)}")
+        return commands
+
+
+class MpsError(Exception):
+    pass
+
+
+class MpsControl(Protocol):
+    """Starts, checks and stops one control daemon (the NVIDIA binary, or the simulated stand-in)."""
+
+    name: str
+
+    def start(self, spec: MpsDaemonSpec) -> None: ...
+
+    def alive(self, spec: MpsDaemonSpec) -> bool: ...
+
+    def stop(self, spec: MpsDaemonSpec) -> None: ...
+
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+class NvidiaMpsControl:
+    """The real control daemon: ``nvidia-cuda-mps-control -d``; commands go to ``nvidia-cuda-mps-control`` on stdin."""
+
+    name = "nvidia"
+
+    def __init__(self, binary: str = MPS_CONTROL_BINARY, *, timeout_s: float = 10.0, run: Runner = subprocess.run):
+        self._binary = binary
+        self._timeout = timeout_s
+        self._run = run
+
+    def _env(self, spec: MpsDaemonSpec) -> dict[str, str]:
+        return {**os.environ, **spec.env()}
+
+    def command(self, spec: MpsDaemonSpec, text: str) -> str:
+        try:
+            done = self._run(
+                [self._binary],
+                input=text + "\n",
+                env=self._env(spec),
+                capture_output=True,
+                text=True,
+                timeout=self._timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MpsError(f"{self._binary} {text!r}: {exc}") from exc
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip()
+            raise MpsError(f"{self._binary} {text!r} failed ({done.returncode}): {detail}")
+        return done.stdout.strip()
+
+    def start(self, spec: MpsDaemonSpec) -> None:
+        _private_dirs(spec)
+        try:
+            done = self._run(
+                [self._binary, "-d"],
+                env=self._env(spec),
+                capture_output=True,
+                text=True,
+                timeout=self._timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MpsError(f"{self._binary} -d: {exc}") from exc
+        if done.returncode != 0:
+            raise MpsError(f"{self._binary} -d failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+        try:
+            for text in spec.default_commands():
+                self.command(spec, text)
+        except MpsError:
+            self.stop(spec)  # never leave a daemon running without its quota
+            raise
+
+    def alive(self, spec: MpsDaemonSpec) -> bool:
+        if not (spec.pipe_dir / "control").exists():
+            return False
+        try:
+            self.command(spec, "get_server_list")
+        except MpsError:
+            return False
+        return True
+
+    def stop(self, spec: MpsDaemonSpec) -> None:
+        try:
+            self.command(spec, "quit")
+        except MpsError as exc:
+            log.info("mps control daemon was not running", partition=spec.partition_id, detail=str(exc))
+
+
+@dataclass
+class _SimDaemon:
+    spec: MpsDaemonSpec
+    defaults: dict[str, str] = field(default_factory=dict)
+
+
+class SimulatedMpsControl:
+    """A stand-in for nodes without MPS (the simulated node, CI): keeps daemons as in-process objects.
+
+    It accepts the same command text the real daemon gets and records it, creates the private directories and a
+    ``control`` marker, and lets tests kill a daemon to exercise restarts. It enforces nothing on any GPU.
+    """
+
+    name = "simulated"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._daemons: dict[str, _SimDaemon] = {}
+        self.starts = 0
+        self.commands: list[tuple[str, str]] = []  # (partition id, command text)
+
+    def start(self, spec: MpsDaemonSpec) -> None:
+        _private_dirs(spec)
+        (spec.pipe_dir / "control").touch()
+        daemon = _SimDaemon(spec)
+        for text in spec.default_commands():
+            verb, _, arg = text.partition(" ")
+            daemon.defaults[verb] = arg
+        with self._lock:
+            self._daemons[spec.partition_id] = daemon
+            self.starts += 1
+            self.commands.extend((spec.partition_id, t) for t in spec.default_commands())
+
+    def alive(self, spec: MpsDaemonSpec) -> bool:
+        with self._lock:
+            return spec.partition_id in self._daemons
+
+    def stop(self, spec: MpsDaemonSpec) -> None:
+        with self._lock:
+            self._daemons.pop(spec.partition_id, None)
+            self.commands.append((spec.partition_id, "quit"))
+        (spec.pipe_dir / "control").unlink(missing_ok=True)
+
+    def kill(self, partition_id: str) -> None:
+        """Simulate the daemon dying (crash, OOM kill)."""
+        with self._lock:
+            self._daemons.pop(partition_id, None)
+
+    def defaults(self, partition_id: str) -> Mapping[str, str]:
+        with self._lock:
+            daemon = self._daemons.get(partition_id)
+            return dict(daemon.defaults) if daemon else {}
+
+    def running(self) -> set[str]:
+        with self._lock:
+            return set(self._daemons)
+
+
+def _private_dirs(spec: MpsDaemonSpec) -> None:
+    # The pipe directory is mounted into the partition's containers, whose users must reach the pipes: 0755 owned
+    # by the daemon. The log directory stays private (0700).
+    spec.pipe_dir.mkdir(parents=True, exist_ok=True)
+    spec.log_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(spec.pipe_dir, 0o755)
+    os.chmod(spec.log_dir, 0o700)
+
+
+class MpsSupervisor:
+    """Keeps one control daemon per TDM partition alive; ``check`` restarts the ones that died."""
+
+    def __init__(self, control: MpsControl, runtime_dir: Path) -> None:
+        self.control = control
+        self._root = runtime_dir / "mps"
+        self._specs: dict[str, MpsDaemonSpec] = {}
+        self._lock = threading.Lock()
+        self.restarts = 0
+
+    def spec_for(self, partition_id: str, gpu_uuid: str, compute_percent: int, memory_mib: int) -> MpsDaemonSpec:
+        base = self._root / partition_id
+        return MpsDaemonSpec(
+            partition_id=partition_id,
+            gpu_uuid=gpu_uuid,
+            pipe_dir=base / "pipe",
+            log_dir=base / "log",
+            active_thread_percentage=compute_percent,
+            pinned_memory_mib=memory_mib,
+        )
+
+    def ensure(self, spec: MpsDaemonSpec) -> None:
+        """Start the daemon unless it already runs (as after a restart of ours, when it kept running)."""
+        if not self.control.alive(spec):
+            try:
+                self.control.start(spec)
+            except MpsError:
+                shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
+                raise
+        with self._lock:
+            self._specs[spec.partition_id] = spec
+
+    def release(self, spec: MpsDaemonSpec) -> None:
+        """Stop the partition's daemon (known to us or not, as after a restart) and remove its directories."""
+        with self._lock:
+            self._specs.pop(spec.partition_id, None)
+        self.control.stop(spec)
+        shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
+
+    def check(self) -> list[str]:
+        """Restart dead daemons; returns the partition ids restarted."""
+        with self._lock:
+            specs = list(self._specs.values())
+        restarted = []
+        for spec in specs:
+            if self.control.alive(spec):
+                continue
+            log.warning("mps control daemon died; restarting", partition=spec.partition_id)
+            try:
+                self.control.start(spec)
+            except MpsError as exc:
+                log.error("mps restart failed", partition=spec.partition_id, error=str(exc))
+                continue
+            self.restarts += 1
+            restarted.append(spec.partition_id)
+        return restarted
+
+    def known(self) -> set[str]:
+        with self._lock:
+            return set(self._specs)

@@ -1,0 +1,135 @@
+"""Build the partition components from the config; the daemon calls start()/stop() and adds the collector."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from exporter.backends.protocol import Backend
+from exporter.backends.simulated import SimulatedBackend
+from healthd.config import DEFAULT_RUNTIME_DIR, PartitionSettings
+from healthd.partition.cdi import CdiWriter
+from healthd.partition.errors import PartitionError
+from healthd.partition.manager import ManagerSettings, PartitionManager
+from healthd.partition.metrics import PartitionCollector
+from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
+from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.planner import CardOrder, pick_card
+from healthd.partition.reconciler import Reconciler
+from healthd.partition.service import PartitionsService
+from healthd.server import GrpcServer, Service
+
+log = structlog.get_logger("partition")
+
+SERVICE_NAME = "xpu.runtime.v1.Partitions"
+STATE_FILE = "partitions.sqlite"
+SYSTEM_CDI_DIR = Path("/var/run/cdi")
+
+
+def add_partitions(servicer: object, server: object) -> None:
+    from healthd.api.v1 import partitions_pb2_grpc
+
+    partitions_pb2_grpc.add_PartitionsServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+
+def choose_mps(settings: PartitionSettings, backend: Backend) -> MpsControl:
+    if settings.mps == "simulated" or (settings.mps == "auto" and isinstance(backend, SimulatedBackend)):
+        return SimulatedMpsControl()
+    return NvidiaMpsControl()
+
+
+class Partitions:
+    """Manager + reconciler + the admin gRPC server; ``read_service`` goes on the daemon's main (monitoring) socket."""
+
+    def __init__(
+        self,
+        settings: PartitionSettings,
+        backend: Backend,
+        state_dir: Path,
+        *,
+        main_socket: Path | None = None,
+        pod_exists: PodExists | None = None,
+        clock: Callable[[], float] = time.time,
+        mps: MpsControl | None = None,
+        order_any: CardOrder = pick_card,
+    ) -> None:
+        from healthd.partition.store import Store
+
+        self.settings = settings
+        simulated = isinstance(backend, SimulatedBackend)
+        self.runtime_dir = settings.runtime_dir or (main_socket.parent if main_socket else DEFAULT_RUNTIME_DIR)
+        self.admin_socket = settings.admin_socket or self.runtime_dir / "healthd-admin.sock"
+        self.cdi_dir = settings.cdi_dir or (state_dir / "cdi" if simulated else SYSTEM_CDI_DIR)
+        self.store = Store(state_dir / STATE_FILE)
+        self.mps = MpsSupervisor(mps or choose_mps(settings, backend), self.runtime_dir)
+        self.manager = PartitionManager(
+            backend,
+            self.store,
+            self.mps,
+            CdiWriter(self.cdi_dir),
+            OwnerProbe(cgroup_root=settings.cgroup_root, pod_exists=pod_exists, clock=clock),
+            settings=ManagerSettings(
+                lease_default_seconds=settings.lease_default_seconds,
+                owner_grace_seconds=settings.owner_grace_seconds,
+            ),
+            clock=clock,
+            order_any=order_any,
+        )
+        self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
+        self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
+        admin = Service(SERVICE_NAME, PartitionsService(self.manager, writable=True), add_partitions)
+        gid = grp.getgrnam(settings.admin_group).gr_gid if settings.admin_group else None
+        self.admin_server = GrpcServer(
+            [f"unix:{self.admin_socket}"],
+            [admin],
+            socket_mode=0o660 if gid is not None else 0o600,
+            socket_group=gid,
+        )
+        self.started = False
+        self._retry: asyncio.Task[None] | None = None
+        self.collector = PartitionCollector(self.manager.view, lambda: self.manager.reclaimed_total)
+
+    async def start(self) -> None:
+        """Start now if the GPUs answer; otherwise keep trying in the background (the daemon runs on meanwhile)."""
+        if not await self._try_start():
+            self._retry = asyncio.create_task(self._retry_start(), name="partition-start")
+
+    async def _try_start(self) -> bool:
+        try:
+            await self.manager.start()
+        except PartitionError as exc:
+            log.error("partitions cannot start yet; retrying", error=exc.message)
+            return False
+        await self.admin_server.start()
+        self.reconciler.start()
+        self.started = True
+        log.info(
+            "partitions serving",
+            admin_socket=str(self.admin_socket),
+            cdi_dir=str(self.cdi_dir),
+            mps=self.mps.control.name,
+            uid=os.getuid(),
+        )
+        return True
+
+    async def _retry_start(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reconcile_interval_seconds)
+            if await self._try_start():
+                return
+
+    async def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retry
+        await self.reconciler.stop()
+        await self.admin_server.stop()
+        self.store.close()
