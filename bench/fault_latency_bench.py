@@ -3,12 +3,16 @@
 Everything but the XID source is real: the fault engine over its SQLite journal (WAL, synchronous=FULL), the
 daemon's gRPC server on a unix socket with a real WatchFaults subscriber (grpc channel in another thread), and
 the reference hook server (`xpuctl hook serve`, a separate process) whose --exec command records when it ran.
-With ``--source xid`` (the default) each XID is injected into the simulated backend and travels the daemon's
-whole path: the driver-event thread of the XID watcher, the XID catalog, the engine, the journal, then the
-subscriber and the hook. ``--source engine`` starts at the engine's ``event()`` entry instead, which isolates the
-journal and delivery cost.
+With ``--source xid`` (the default) each XID is injected into a simulated node (``bench.scenarios.scaled``) and
+travels the daemon's whole path: the driver-event thread of the XID watcher, the XID catalog, the engine, the
+journal, then the subscriber and the hook. ``--source engine`` starts at the engine's ``event()`` entry instead,
+which isolates the journal and delivery cost.
 
-    python3 bench/fault_latency_bench.py [--count 200] [--source xid|engine]
+Each injection uses a (GPU, XID) pair not used before, so there are at most 26 (the catalog's XIDs that ask for
+an action) per GPU: a 1-GPU node gets 26 samples, whatever the count asked for.
+
+    python3 bench/fault_latency_bench.py [--count 200] [--gpus 8] [--source xid|engine]
+    python3 -m bench --only fault_latency      # the same at every GPU count of the suite, as table rows
 """
 
 from __future__ import annotations
@@ -24,13 +28,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(ROOT))
 
+from bench.common import BenchArgs, Row, median, percentile  # noqa: E402
+from bench.scenarios import scaled  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
 from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
@@ -40,22 +49,20 @@ from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
 from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
-from healthd.faults.xid_catalog import load_catalog  # noqa: E402
+from healthd.faults.xid_catalog import XidCatalog, load_catalog  # noqa: E402
 from healthd.logs import configure_logging  # noqa: E402
 from healthd.probes import xid_watcher  # noqa: E402
 from healthd.probes.config import ProbeSettings  # noqa: E402
 from healthd.server import GrpcServer, Service  # noqa: E402
 
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+NAME = "fault_latency"
+TIMEOUT_SECONDS = 30.0  # for one fault to reach the subscriber, and (doubled) the hook
 
 
-def summary(name: str, seconds: list[float]) -> str:
+def summary(name: str, seconds: Sequence[float]) -> str:
     ms = [s * 1000 for s in seconds]
     return (
-        f"{name:40} n={len(ms):4}  p50={percentile(ms, 50):8.2f} ms  p99={percentile(ms, 99):8.2f} ms"
+        f"{name:40} n={len(ms):4}  p50={percentile(ms, 0.5):8.2f} ms  p99={percentile(ms, 0.99):8.2f} ms"
         f"  max={max(ms):8.2f} ms  mean={statistics.fmean(ms):8.2f} ms"
     )
 
@@ -86,15 +93,20 @@ class xid_injector:  # noqa: N801 - used like a function
     dedup swallows it: every one must become a new fault.
     """
 
-    def __init__(self, runtime: FaultRuntime) -> None:
-        self._sim = SimulatedBackend.from_name("h200x8")
+    def __init__(self, runtime: FaultRuntime, gpus: int = 8) -> None:
+        self._sim = SimulatedBackend(scaled(gpus))
         self._sim.open()
         self._sampler = Sampler(self._sim, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
         self._sampler.run_once()  # the watcher maps driver events to cards through the inventory
         catalog = load_catalog()
-        self._codes = [x for x in range(1, 200) if catalog.lookup(x).known and catalog.lookup(x).action >= 1]
+        self._codes = action_xids(catalog)
         self._watcher = xid_watcher(ProbeSettings(), self._sim, runtime.engine, self._sampler.latest, simulated=True)
         self._watcher.start()
+
+    @property
+    def capacity(self) -> int:
+        """How many injections stay distinct (GPU, XID) pairs."""
+        return self._sim.device_count() * len(self._codes)
 
     def __call__(self, i: int) -> None:
         gpus = self._sim.device_count()
@@ -107,22 +119,35 @@ class xid_injector:  # noqa: N801 - used like a function
         self._sim.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=200, help="XIDs to inject (one at a time)")
-    parser.add_argument("--source", choices=["xid", "engine"], default="xid", help="where each XID enters")
-    args = parser.parse_args()
+def action_xids(catalog: XidCatalog | None = None) -> list[int]:
+    """The catalog's known XIDs that ask for an action (restart_app or more): each one becomes a new fault."""
+    cat = catalog if catalog is not None else load_catalog()
+    return [x for x in range(1, 200) if cat.lookup(x).known and cat.lookup(x).action >= 1]
 
-    configure_logging("warning")
+
+@dataclass
+class Samples:
+    """Seconds per injection, for one run of ``measure``."""
+
+    gpus: int
+    source: str
+    commit: list[float] = field(default_factory=list)  # the inject call (xid) or engine.accept_event (engine)
+    to_subscriber: list[float] = field(default_factory=list)
+    to_hook: list[float] = field(default_factory=list)
+    repeat: list[float] = field(default_factory=list)  # the same active XID again: dedup, count written
+
+
+def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
+    """Inject ``count`` XIDs one at a time (fewer on small nodes, see the module doc) and time where they land."""
     tmp = Path(tempfile.mkdtemp(prefix="xpu-fault-bench-"))
     hook_sock, daemon_sock, ran = tmp / "hook.sock", tmp / "healthd.sock", tmp / "ran.txt"
     hook_proc = subprocess.Popen(
         [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", f"unix:{hook_sock}",
          "--exec", f'echo "$XPU_FAULT_ID $(date +%s%N)" >> {ran}', "--state", str(tmp / "hook.sqlite"),
          "--log-level", "error"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )  # fmt: skip
-    min_action = "replace_node" if args.source == "engine" else "restart_app"
+    min_action = "replace_node" if source == "engine" else "restart_app"
     hook = HookSettings(endpoints=(f"unix:{hook_sock}",), min_action=min_action, node_name="bench",
                         backoff_initial_seconds=0.05, backoff_max_seconds=0.2)  # fmt: skip
     runtime = FaultRuntime(Journal(tmp / "state" / "faults.sqlite"), FaultsSettings(), hook, boot_id="bench")
@@ -130,74 +155,133 @@ def main() -> int:
         [f"unix:{daemon_sock}"], [Service(health_service.SERVICE_NAME, runtime.service, health_service.add_to_server)]
     )
     loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+    inject: engine_injector | xid_injector | None = None
+    started = False
+    out = Samples(gpus if source == "xid" else 8, source)
+    try:
 
-    async def start() -> None:
-        await runtime.start()
-        await server.start()
+        async def start() -> None:
+            await runtime.start()
+            await server.start()
 
-    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    inject = engine_injector(runtime) if args.source == "engine" else xid_injector(runtime)
+        asyncio.run_coroutine_threadsafe(start(), loop).result(TIMEOUT_SECONDS)
+        started = True
+        if source == "engine":
+            inject = engine_injector(runtime)
+        else:
+            inject = xid_injector(runtime, gpus)
+            count = min(count, inject.capacity)
 
-    received: queue.Queue[tuple[str, int]] = queue.Queue()
+        received: queue.Queue[tuple[str, int]] = queue.Queue()
 
-    def subscribe() -> None:
-        with grpc.insecure_channel(f"unix:{daemon_sock}") as channel:
-            stream = pb_grpc.HealthStub(channel).WatchFaults(pb.WatchFaultsRequest(after_seq=0))
+        def subscribe() -> None:
+            with grpc.insecure_channel(f"unix:{daemon_sock}") as channel:
+                stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+                stream = stub.WatchFaults(pb.WatchFaultsRequest(after_seq=0))
+                try:
+                    for item in stream:
+                        received.put((item.record.fault.id, time.time_ns()))
+                except grpc.RpcError:
+                    return  # the server is stopping
+
+        threading.Thread(target=subscribe, daemon=True).start()
+        with grpc.insecure_channel(f"unix:{hook_sock}") as probe:
+            grpc.channel_ready_future(probe).result(timeout=TIMEOUT_SECONDS)  # the hook is up: no backoff in it
+        time.sleep(0.2)  # the subscriber's stream is open
+
+        for i in range(count):
+            t0 = time.time_ns()
+            c0 = time.perf_counter()
+            inject(i)
+            out.commit.append(time.perf_counter() - c0)
             try:
-                for item in stream:
-                    received.put((item.record.fault.id, time.time_ns()))
-            except grpc.RpcError:
-                return  # the server is stopping
+                fault_id, t_sub = received.get(timeout=TIMEOUT_SECONDS)
+            except queue.Empty:
+                raise RuntimeError(f"XID {i} never reached the WatchFaults subscriber") from None
+            out.to_subscriber.append((t_sub - t0) / 1e9)
+            deadline = time.monotonic() + 2 * TIMEOUT_SECONDS
+            while True:
+                lines = ran.read_text().splitlines() if ran.exists() else []
+                if len(lines) > i:
+                    ran_id, t_hook = lines[i].split()
+                    if ran_id != fault_id:
+                        raise RuntimeError(f"hook ran for {ran_id}, the subscriber saw {fault_id}")
+                    out.to_hook.append((int(t_hook) - t0) / 1e9)
+                    break
+                if hook_proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the hook never ran the command for XID {i} (hook exit {hook_proc.poll()})")
+                time.sleep(0.0005)
 
-    threading.Thread(target=subscribe, daemon=True).start()
-    with grpc.insecure_channel(f"unix:{hook_sock}") as probe:
-        grpc.channel_ready_future(probe).result(timeout=30)  # the hook is up: no backoff in the numbers
-    time.sleep(0.2)  # the subscriber's stream is open
-
-    to_subscriber: list[float] = []
-    to_hook: list[float] = []
-    commit: list[float] = []
-    for i in range(args.count):
-        t0 = time.time_ns()
-        c0 = time.perf_counter()
-        inject(i)
-        commit.append(time.perf_counter() - c0)
-        fault_id, t_sub = received.get(timeout=30)
-        to_subscriber.append((t_sub - t0) / 1e9)
-        deadline = time.monotonic() + 60
-        while True:
-            lines = ran.read_text().splitlines() if ran.exists() else []
-            if len(lines) > i:
-                ran_id, t_hook = lines[i].split()
-                assert ran_id == fault_id, (ran_id, fault_id)
-                to_hook.append((int(t_hook) - t0) / 1e9)
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit("hook never ran the command")
-            time.sleep(0.0005)
-
-    # a flood: the same XID again and again at the engine (dedup: count and last_seen are written, no new record)
-    finding = bench_finding(0)
-    runtime.engine.accept_event(finding)
-    repeat: list[float] = []
-    for _ in range(args.count):
-        c0 = time.perf_counter()
+        # a flood: the same XID again and again at the engine (dedup: count and last_seen are written, no new record)
+        finding = bench_finding(0)
         runtime.engine.accept_event(finding)
-        repeat.append(time.perf_counter() - c0)
-    inject.close()
+        for _ in range(count):
+            c0 = time.perf_counter()
+            runtime.engine.accept_event(finding)
+            out.repeat.append(time.perf_counter() - c0)
+        return out
+    finally:
+        if inject is not None:
+            inject.close()
+        if started:
+            asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(TIMEOUT_SECONDS)
+            asyncio.run_coroutine_threadsafe(runtime.stop(), loop).result(TIMEOUT_SECONDS)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(5)
+        if not loop_thread.is_alive():
+            loop.close()
+        hook_proc.terminate()
+        try:
+            hook_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            hook_proc.kill()
+            hook_proc.wait(5)
+        shutil.rmtree(tmp, ignore_errors=True)
 
-    asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(30)
-    asyncio.run_coroutine_threadsafe(runtime.stop(), loop).result(30)
-    hook_proc.terminate()
-    hook_proc.wait(10)
-    shutil.rmtree(tmp, ignore_errors=True)
-    where = "the engine's event() entry" if args.source == "engine" else "the simulated driver (full XID path)"
-    print(f"fault latency, {args.count} XIDs injected one at a time at {where} ({os.cpu_count()} CPUs)")
-    print(summary("inject call" if args.source == "xid" else "engine.accept_event() (journal commit)", commit))
-    print(summary("XID -> WatchFaults subscriber", to_subscriber))
-    print(summary("XID -> hook command running", to_hook))
-    print(summary("repeat of an active XID (dedup, durable)", repeat))
+
+def rows(s: Samples) -> list[Row]:
+    ms = 1e3
+    note = f"{len(s.to_subscriber)} XIDs, one at a time"
+    return [
+        Row("XID -> WatchFaults subscriber p50", "ms", median(s.to_subscriber) * ms, s.gpus, note=note),
+        Row("XID -> WatchFaults subscriber p99", "ms", percentile(s.to_subscriber, 0.99) * ms, s.gpus),
+        Row("XID -> hook command running p50", "ms", median(s.to_hook) * ms, s.gpus, note="hook spawns sh+date"),
+        Row("XID -> hook command running p99", "ms", percentile(s.to_hook, 0.99) * ms, s.gpus),
+        Row("  inject call p50", "ms", median(s.commit) * ms, s.gpus),
+        Row("  repeat of an active XID p50 (dedup, durable)", "ms", median(s.repeat) * ms, s.gpus),
+        Row("  repeat of an active XID p99", "ms", percentile(s.repeat, 0.99) * ms, s.gpus),
+    ]
+
+
+def run(args: BenchArgs) -> list[Row]:
+    count = 40 if args.quick else 200
+    out: list[Row] = []
+    for gpus in args.gpu_counts:
+        out += rows(measure(count, "xid", gpus))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200, help="XIDs to inject (one at a time)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs on the simulated node (--source xid)")
+    parser.add_argument("--source", choices=["xid", "engine"], default="xid", help="where each XID enters")
+    args = parser.parse_args(argv)
+
+    configure_logging("warning")
+    s = measure(args.count, args.source, args.gpus)
+    where = (
+        "the engine's event() entry"
+        if args.source == "engine"
+        else f"a simulated {s.gpus}-GPU node's driver (full XID path)"
+    )
+    print(f"fault latency, {len(s.to_subscriber)} XIDs injected one at a time at {where} ({os.cpu_count()} CPUs)")
+    print(summary("inject call" if args.source == "xid" else "engine.accept_event() (journal commit)", s.commit))
+    print(summary("XID -> WatchFaults subscriber", s.to_subscriber))
+    print(summary("XID -> hook command running", s.to_hook))
+    print(summary("repeat of an active XID (dedup, durable)", s.repeat))
     print("(hook latency includes the reference hook spawning /bin/sh and date for every fault)")
     return 0
 

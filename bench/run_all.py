@@ -4,8 +4,8 @@
     python3 bench/run_all.py --quick
 
 Bench modules are listed in MODULES. Each exposes ``NAME: str`` and ``run(args: BenchArgs) -> list[Row]``
-(bench/common.py). A listed module that is not in this tree (its branch has not been merged yet) is reported as
-such; one that raises SkipBench is reported with its reason; one that fails is reported and makes the exit status 1.
+(bench/common.py). A listed module missing from the tree is reported as absent; one that raises SkipBench is
+reported with its reason; one that fails is reported and makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ import structlog
 
 from bench.common import BenchArgs, Row, SkipBench
 
-# (module, what it measures, where it comes from when it is not in this tree)
-MODULES: tuple[tuple[str, str, str], ...] = (
-    ("bench.sampler_bench", "sampler CPU per GPU per cycle", ""),
-    ("bench.metrics_bench", "/metrics latency, series, body size", ""),
-    ("bench.daemon_bench", "daemon process: CPU share, RSS, /metrics", ""),
-    ("bench.nvml_overhead", "real NVML: backend and sampler vs the raw calls", ""),
-    ("bench.fault_latency_bench", "fault -> subscriber and fault -> hook latency", "health/faults branch (issue 4)"),
-    ("bench.partition_bench", "partition create/delete latency", "partitions branch (issue 5)"),
-    ("bench.attribution_bench", "/metrics with pods and containers", "attribution branch (issue 3)"),
+# (module, what it measures)
+MODULES: tuple[tuple[str, str], ...] = (
+    ("bench.sampler_bench", "sampler CPU per GPU per cycle"),
+    ("bench.metrics_bench", "/metrics latency, series, body size"),
+    ("bench.daemon_bench", "daemon process: CPU share, RSS, /metrics"),
+    ("bench.nvml_overhead", "real NVML: backend and sampler vs the raw calls"),
+    ("bench.fault_latency_bench", "XID -> WatchFaults subscriber and -> hook latency"),
+    ("bench.partition_bench", "partition create/delete latency over gRPC"),
+    ("bench.attribution_bench", "/metrics with and without process and pod attribution"),
 )
 
 
@@ -66,13 +66,13 @@ def import_bench(module: str) -> ModuleType | None:
         raise
 
 
-def run_module(module: str, what: str, origin: str, args: BenchArgs) -> Outcome:
+def run_module(module: str, what: str, args: BenchArgs) -> Outcome:
     short = module.rsplit(".", 1)[-1].removesuffix("_bench")
     started = time.monotonic()
     try:
         mod = import_bench(module)
         if mod is None:
-            return Outcome(module, short, what, status="absent", detail=f"not in this tree (comes with the {origin})")
+            return Outcome(module, short, what, status="absent", detail="not in this tree")
         name = str(getattr(mod, "NAME", short))
         run: Callable[[BenchArgs], Sequence[Row]] = mod.run
         rows = tuple(run(args))
@@ -125,7 +125,7 @@ def format_table(outcomes: Sequence[Outcome]) -> str:
         for (metric, procs, pods, unit), by_gpu in lines.items():
             cells = "".join(f"{fmt(by_gpu[c].value) if c in by_gpu else '':>10}" for c in columns)
             note = next((r.note for r in by_gpu.values() if r.note), "")
-            out.append(f"{metric:<{metric_width}} {procs:>8} {pods:>7} |{cells}  {unit:<4} {note}")
+            out.append(f"{metric:<{metric_width}} {procs:>8} {pods:>7} |{cells}  {unit:<4} {note}".rstrip())
     return "\n".join(out)
 
 
@@ -191,8 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the bench modules and exit")
     ns = ap.parse_args(argv)
     if ns.list:
-        for module, what, origin in MODULES:
-            present = "present" if import_bench(module) is not None else f"absent ({origin})"
+        for module, what in MODULES:
+            present = "present" if import_bench(module) is not None else "absent"
             print(f"{module:<28} {what:<48} {present}")
         return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -200,12 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = machine()  # load average before the suite adds its own
     started = time.time()
     outcomes = []
-    for module, what, origin in MODULES:
+    for module, what in MODULES:
         short = module.rsplit(".", 1)[-1].removesuffix("_bench")
         if ns.only and short not in ns.only:
             continue
         print(f"running {short} ...", file=sys.stderr, flush=True)
-        outcome = run_module(module, what, origin, args)
+        outcome = run_module(module, what, args)
         print(f"  {outcome.status} in {outcome.seconds:.0f} s", file=sys.stderr, flush=True)
         outcomes.append(outcome)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))

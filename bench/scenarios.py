@@ -74,7 +74,8 @@ def scaled_data(gpus: int, processes_per_gpu: int = 0, *, dynamic: bool = True) 
             if i in with_instances:
                 proc["gpu_instance_id"] = 1
             processes.append(proc)
-    data = {k: v for k, v in base.items() if k not in {"gpus", "processes", "mig_instances"}}
+    # the template's [topology] describes its own 8 cards; a scaled node has no layout (the daemon then reports none)
+    data = {k: v for k, v in base.items() if k not in {"gpus", "processes", "mig_instances", "topology"}}
     data["node"] = {**base["node"], "name": f"bench-h200x{gpus}-p{processes_per_gpu}", "dynamic": dynamic}
     data["gpus"] = cards
     data["processes"] = processes
@@ -122,4 +123,6 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)  # a JSON string of printable text is a valid TOML basic string
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise ValueError(f"cannot write {type(value).__name__} as TOML")

@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -25,6 +25,7 @@ from exporter.version import VERSION
 from healthd.attribution import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.faults import service as health_service
+from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
@@ -89,11 +90,27 @@ def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
     return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
 
 
-def build_collectors(config: Config) -> list[Collector]:
+def build_collectors(config: Config, last_xid: Callable[[], Mapping[int, int]] | None = None) -> list[Collector]:
     collectors = default_collectors()
     if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
-        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname()))
+        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname(), last_xid))
     return collectors
+
+
+def last_xid_per_gpu(engine: FaultEngine) -> Callable[[], Mapping[int, int]]:
+    """The XID of each card's most recent active XID fault, for dcgm-exporter's DCGM_FI_DEV_XID_ERRORS."""
+
+    def read() -> Mapping[int, int]:
+        latest: dict[int, tuple[float, int]] = {}
+        for fault in engine.active_faults():
+            xid = fault.evidence.get("xid", "")
+            if fault.gpu is None or not fault.code.startswith("xid_") or not xid.isdigit():
+                continue
+            if fault.gpu.index not in latest or fault.last_seen >= latest[fault.gpu.index][0]:
+                latest[fault.gpu.index] = (fault.last_seen, int(xid))
+        return {gpu: xid for gpu, (_, xid) in latest.items()}
+
+    return read
 
 
 class Daemon:
@@ -131,7 +148,7 @@ class Daemon:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
-            *build_collectors(config),
+            *build_collectors(config, last_xid_per_gpu(self.faults)),
             *self.attribution.collectors(),
             *self.topology.collectors,
             self.fault_runtime.collector,

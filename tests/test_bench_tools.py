@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import nvml_overhead, run_all
+from bench import attribution_bench, fault_latency_bench, nvml_overhead, partition_bench, run_all
 from bench.common import BenchArgs, Row, SkipBench, percentile, proc_cpu_seconds, proc_status_kib
 from bench.nvml_overhead import CallRecorder, replay
 from bench.scenarios import scaled, scaled_data, to_toml, write_scenario
@@ -126,13 +126,13 @@ def test_registry_reports_absent_skipped_and_failed_modules(tmp_path: Path, monk
     (pkg / "baddep_bench.py").write_text("import no_such_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     args = BenchArgs(gpu_counts=(1, 8))
-    good = run_all.run_module("fakebench.good_bench", "what", "", args)
+    good = run_all.run_module("fakebench.good_bench", "what", args)
     assert good.status == "ok" and [r.gpus for r in good.rows] == [1, 8]
-    assert run_all.run_module("fakebench.absent_bench", "what", "branch x", args).status == "absent"
-    assert run_all.run_module("fakebench.skip_bench", "what", "", args).detail == "needs a GPU"
-    assert run_all.run_module("fakebench.broken_bench", "what", "", args).status == "failed"
+    assert run_all.run_module("fakebench.absent_bench", "what", args).status == "absent"
+    assert run_all.run_module("fakebench.skip_bench", "what", args).detail == "needs a GPU"
+    assert run_all.run_module("fakebench.broken_bench", "what", args).status == "failed"
     # a bench module that exists but misses a dependency is a failure, not "absent"
-    assert run_all.run_module("fakebench.baddep_bench", "what", "", args).status == "failed"
+    assert run_all.run_module("fakebench.baddep_bench", "what", args).status == "failed"
     assert issubclass(SkipBench, Exception)
 
 
@@ -211,3 +211,67 @@ def test_call_recorder_keeps_signatures_the_backend_inspects() -> None:
     fake.nvml_list = nvml_list
     with CallRecorder(fake).recording():
         assert list(inspect.signature(fake.nvml_list).parameters) == ["device", "profile", "items", "count"]
+
+
+@pytest.mark.parametrize(("module", "what"), run_all.MODULES)
+def test_every_listed_module_is_present_with_the_bench_interface(module: str, what: str) -> None:
+    mod = run_all.import_bench(module)
+    assert mod is not None, f"{module} is listed but not in the tree"
+    assert module.rsplit(".", 1)[-1].removesuffix("_bench") == mod.NAME  # what --only selects
+    assert list(inspect.signature(mod.run).parameters) == ["args"]
+
+
+@pytest.mark.parametrize("mod", [fault_latency_bench, partition_bench, attribution_bench])
+def test_standalone_scripts_keep_their_command_line(mod: types.ModuleType) -> None:
+    assert callable(mod.main)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--help"])
+    assert exc.value.code == 0
+
+
+@pytest.mark.e2e
+def test_fault_latency_rows_follow_every_xid_to_subscriber_and_hook(capsys: pytest.CaptureFixture[str]) -> None:
+    # 30 asked of a 1-GPU node: only the 26 distinct (GPU, XID) pairs can become new faults
+    s = fault_latency_bench.measure(30, "xid", gpus=1)
+    assert len(s.to_subscriber) == len(s.to_hook) == len(s.commit) == len(fault_latency_bench.action_xids()) == 26
+    assert min(s.to_subscriber) > 0 and min(s.to_hook) > 0
+    rows = fault_latency_bench.rows(s)
+    assert {r.gpus for r in rows} == {1} and all(r.unit == "ms" and r.value > 0 for r in rows)
+    assert fault_latency_bench.main(["--count", "2", "--gpus", "2"]) == 0
+    assert "XID -> hook command running" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+def test_partition_rows_have_mig_only_where_the_node_has_a_mig_card() -> None:
+    small = partition_bench.rows(partition_bench.measure(1, rounds=2, clients=2))
+    assert not any(r.metric.startswith("MIG") for r in small)
+    s = partition_bench.measure(8, rounds=2, clients=2)
+    assert len(s.tdm_create) == len(s.mig_create) == 2 and s.tdm_cards == 4
+    assert len(s.concurrent_create) == len(s.concurrent_delete) == 2  # 2 clients x max(1, 2 // 4) rounds
+    rows = partition_bench.rows(s)
+    assert {r.gpus for r in rows} == {8}
+    assert {"TDM create p99 (1 client)", "MIG delete p50 (1 client)", "TDM create p50 (2 clients)"} <= {
+        r.metric for r in rows
+    }
+
+
+def test_attribution_rows_count_the_processes_and_pods_attributed(capsys: pytest.CaptureFixture[str]) -> None:
+    s = attribution_bench.measure(8, 40, 10, renders=2, cycles=2)
+    assert (s.gpus, s.processes, s.pods, s.unattributed) == (8, 40, 10, 0)
+    assert s.body_full > s.body_plain
+    rows = attribution_bench.rows(s)
+    assert {(r.gpus, r.processes, r.pods) for r in rows} == {(8, 40, 10)}
+    empty = attribution_bench.measure(1, 0, 0, renders=2, cycles=2)
+    assert (empty.processes, empty.pods) == (0, 0)
+    assert attribution_bench.main(["--gpus", "1", "--processes", "8", "--pods", "2", "--renders", "2"]) == 0
+    assert "1 GPUs, 8 GPU processes, 2 pods" in capsys.readouterr().out
+
+
+def test_attribution_places_pods_on_whole_cards_only() -> None:
+    sim = SimulatedBackend(scaled(8))
+    attribution_bench.place(sim, 40, 10)
+    work = sim.workloads()
+    assert len(work) == 40 and len({(w.pod.namespace, w.pod.pod) for w in work if w.pod}) == 10
+    mig_cards = {i for i, c in enumerate(sim.scenario.cards) if c.mig_enabled}
+    assert mig_cards and not any(w.gpu in mig_cards for w in work)
+    assert all(len({w.gpu for w in work if w.pod and w.pod.pod == p}) == 1 for p in {w.pod.pod for w in work if w.pod})

@@ -136,3 +136,25 @@ def test_config_option(tmp_path: Path) -> None:
         parse_config({"exporter": {"dcgm_compat": "yes"}})
     with pytest.raises(ConfigError, match=r"^exporter\.colour: unknown option"):
         parse_config({"exporter": {"colour": 1}})
+
+
+@pytest.mark.e2e
+def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
+    """DCGM_FI_DEV_XID_ERRORS carries the last XID the daemon's fault pipeline saw on each card."""
+    from tests.daemon import DaemonProcess
+    from tests.test_daemon_e2e import wait_for
+
+    with DaemonProcess(tmp_path, extra_config="[exporter]\ndcgm_compat = true\n") as d:
+        assert d.xpuctl("simulate", "inject", "xid", "--gpu", "2", "code=48").returncode == 0
+        assert d.xpuctl("simulate", "inject", "xid", "--gpu", "2", "code=79").returncode == 0
+
+        def last_xid() -> dict[str, float]:
+            out = {}
+            for family in text_string_to_metric_families(d.metrics()):
+                for s in family.samples:
+                    if s.name == "DCGM_FI_DEV_XID_ERRORS":
+                        out[s.labels["gpu"]] = s.value
+            return out if out.get("2") == 79 else {}
+
+        seen = wait_for(last_xid, timeout=20)
+        assert seen["0"] == 0, "a card without XIDs reports 0, as dcgm-exporter does"
