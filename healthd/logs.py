@@ -138,7 +138,9 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        # no file argument: each logger takes sys.stdout when it is made, so a replaced stdout (a test's capture,
+        # a reopened stream) is followed instead of writing to a closed one
+        logger_factory=structlog.PrintLoggerFactory(),
         cache_logger_on_first_use=False,
     )
     return sink
