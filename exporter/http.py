@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import socket
+import ssl
 import sys
 import threading
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from urllib.parse import parse_qs, urlsplit
 import structlog
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
+
+from exporter.webconfig import BasicAuthenticator, WebConfig
 
 log = structlog.get_logger("http")
 
@@ -52,7 +55,7 @@ def parse_listen_address(value: str, default_port: int = DEFAULT_METRICS_PORT) -
         raise ValueError(f"listen address {value!r}: put IPv6 addresses in brackets, e.g. [::1]:9410")
     port = default_port
     if port_text:
-        if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
             raise ValueError(f"listen address {value!r}: port must be a number 0-65535")
         port = int(port_text)
     return host or "0.0.0.0", port
@@ -74,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         try:
-            if url.path == "/metrics":
+            if not self.server.security().auth.check(self.headers.get("Authorization")):
+                self._unauthorized()
+            elif url.path == "/metrics":
                 self._metrics(parse_qs(url.query))
             elif url.path == "/healthz":
                 health = self.server.health()
@@ -102,8 +107,26 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.OK, content_type, body)
 
-    def _send(self, status: HTTPStatus, content_type: str, body: bytes, *, encoding: str | None = None) -> None:
+    def _unauthorized(self) -> None:
+        self._send(
+            HTTPStatus.UNAUTHORIZED,
+            "text/plain; charset=utf-8",
+            b"Unauthorized\n",
+            extra={"WWW-Authenticate": 'Basic realm="xpu-healthd"'},
+        )
+
+    def _send(
+        self,
+        status: HTTPStatus,
+        content_type: str,
+        body: bytes,
+        *,
+        encoding: str | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if encoding:
@@ -118,6 +141,23 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http request", line=format % args)
 
 
+@dataclass(frozen=True, slots=True)
+class HttpSecurity:
+    """What the web config turns into: a TLS context (or none) and a basic-auth checker; swapped as one."""
+
+    tls: ssl.SSLContext | None
+    auth: BasicAuthenticator
+
+    @classmethod
+    def from_web_config(cls, config: WebConfig | None) -> HttpSecurity:
+        if config is None:
+            return cls(None, BasicAuthenticator({}))
+        return cls(config.tls.ssl_context() if config.tls else None, BasicAuthenticator(config.basic_auth_users))
+
+
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+
 class MetricsHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -128,14 +168,45 @@ class MetricsHTTPServer(ThreadingHTTPServer):
         registry: CollectorRegistry,
         health: Callable[[], Health],
         landing: Callable[[], str] = lambda: LANDING,
+        web_config: WebConfig | None = None,
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
+        self._security = HttpSecurity.from_web_config(web_config)
         super().__init__(address, _Handler)
         self.registry = registry
         self.health = health
         self.landing = landing
         self._thread: threading.Thread | None = None
+
+    def security(self) -> HttpSecurity:
+        return self._security
+
+    def set_web_config(self, web_config: WebConfig | None) -> None:
+        """Apply a (re-read) web config to new connections; raises WebConfigError and keeps the old one on failure."""
+        self._security = HttpSecurity.from_web_config(web_config)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._security.tls is not None else "http"
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Runs on the connection's own thread, so a slow TLS handshake holds up no one else."""
+        tls = self._security.tls
+        if tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(TLS_HANDSHAKE_TIMEOUT)
+        try:
+            conn = tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("tls handshake failed", client=str(client_address), error=str(exc))
+            return
+        try:
+            conn.settimeout(None)
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
 
     def handle_error(self, request: object, client_address: object) -> None:
         exc = sys.exc_info()[1]

@@ -17,8 +17,24 @@ EXIT_USAGE = 2
 EXIT_RPC = 1
 
 
-def _channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address)
+def _channel(args: argparse.Namespace) -> grpc.Channel:
+    """A unix socket as is; TCP only with mutual TLS, as the daemon serves it."""
+    address: str = args.socket
+    if address.startswith("unix:"):
+        return grpc.insecure_channel(address)
+    files = {"--tls-ca": args.tls_ca, "--tls-cert": args.tls_cert, "--tls-key": args.tls_key}
+    missing = [flag for flag, path in files.items() if not path]
+    if missing:
+        raise ValueError(f"{address}: TCP connections use mutual TLS; give {', '.join(missing)}")
+    pem = {}
+    for flag, path in files.items():
+        try:
+            with open(path, "rb") as f:
+                pem[flag] = f.read()
+        except OSError as exc:
+            raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
+    credentials = grpc.ssl_channel_credentials(pem["--tls-ca"], pem["--tls-key"], pem["--tls-cert"])
+    return grpc.secure_channel(address, credentials)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="daemon address, unix:PATH or HOST:PORT (default: %(default)s; env XPU_SOCKET)",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+    for flag, env, what in (
+        ("--tls-ca", "XPU_TLS_CA", "CA that signed the daemon's certificate"),
+        ("--tls-cert", "XPU_TLS_CERT", "client certificate"),
+        ("--tls-key", "XPU_TLS_KEY", "client key"),
+    ):
+        p.add_argument(flag, default=os.environ.get(env), metavar="FILE", help=f"TCP only: {what} (PEM; env {env})")
     sub = p.add_subparsers(dest="command", required=True)
 
     for command in COMMANDS:
@@ -46,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.params = [*args.params, *extra]
     func: Callable[[argparse.Namespace, grpc.Channel], int] = args.func
     try:
-        with _channel(args.socket) as channel:
+        with _channel(args) as channel:
             return func(args, channel)
     except ValueError as exc:
         print(f"xpuctl: {exc}", file=sys.stderr)

@@ -119,6 +119,18 @@ class PartitionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TransportSettings:
+    """[transport]: who may reach the gRPC API and /metrics (see packaging/healthd.toml)."""
+
+    grpc_socket_group: str = "xpu"  # "" keeps the daemon's own group
+    grpc_socket_mode: int = 0o660
+    grpc_tls_cert_file: Path | None = None  # TCP gRPC listeners need all three (mTLS)
+    grpc_tls_key_file: Path | None = None
+    grpc_tls_client_ca_file: Path | None = None
+    metrics_web_config_file: Path | None = None  # Prometheus exporter-toolkit web config (TLS, basic auth)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     metrics_listen: str = DEFAULT_METRICS_LISTEN
     grpc_listen: tuple[str, ...] = ()  # empty: the default unix socket
@@ -133,6 +145,7 @@ class Config:
     health: ProbeSettings = field(default_factory=ProbeSettings)
     exporter: ExporterSettings = field(default_factory=ExporterSettings)
     partitions: PartitionSettings = field(default_factory=PartitionSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
     source: str = "defaults"  # where the settings came from, for messages
 
     @property
@@ -164,7 +177,8 @@ def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str) -> None
     unknown = sorted(set(table) - allowed)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown option (known: {', '.join(sorted(allowed))})")
+        name = unknown[0] if unknown[0].isidentifier() else repr(unknown[0])
+        raise ConfigError(f"{prefix}{name}: unknown option (known: {', '.join(sorted(allowed))})")
 
 
 def _number(table: Mapping[str, Any], key: str, where: str, default: float, *, minimum: float, maximum: float) -> float:
@@ -183,7 +197,18 @@ def _string(table: Mapping[str, Any], key: str, where: str, default: str) -> str
     return value
 
 
-SECTIONS = {"daemon", "sampler", "topology", "attribution", "faults", "hook", "health", "exporter", "partitions"}
+SECTIONS = {
+    "daemon",
+    "sampler",
+    "topology",
+    "attribution",
+    "faults",
+    "hook",
+    "health",
+    "exporter",
+    "partitions",
+    "transport",
+}
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
@@ -193,12 +218,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     daemon = data.get("daemon", {})
     sampler = data.get("sampler", {})
     exporter = data.get("exporter", {})
-    for name, table in (
-        ("daemon", daemon),
-        ("sampler", sampler),
-        ("faults", data.get("faults", {})),
-        ("exporter", exporter),
-    ):
+    for name, table in data.items():  # every section is a table ([health] = [] used to raise AttributeError)
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
@@ -224,7 +244,9 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
     if not state_dir or not Path(state_dir).is_absolute():
         raise ConfigError(f"daemon.state_dir: must be an absolute path, got {state_dir!r}")
     simulate = daemon.get("simulate")
-    if simulate is not None and (not isinstance(simulate, str) or not simulate):
+    if simulate == "":  # "" means real GPUs, as if unset
+        simulate = None
+    if simulate is not None and not isinstance(simulate, str):
         raise ConfigError("daemon.simulate: expected a scenario name or file path")
     log_level = _string(daemon, "log_level", "daemon.", "info").lower()
     if log_level not in LOG_LEVELS:
@@ -246,6 +268,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         health=parse_probe_settings(data.get("health", {}), "health"),
         exporter=ExporterSettings(dcgm_compat=dcgm_compat),
         partitions=parse_partitions(data.get("partitions", {})),
+        transport=parse_transport(data.get("transport", {})),
         source=source,
     )
 
@@ -411,6 +434,47 @@ def parse_hook(table: Any) -> HookSettings:
     )
 
 
+def _optional_path(table: Mapping[str, Any], key: str, where: str) -> Path | None:
+    value = table.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}.{key}: expected a file path (string), got {type(value).__name__}")
+    if value and not value.startswith("/"):
+        raise ConfigError(f"{where}.{key}: must be an absolute path, got {value!r}")
+    return Path(value) if value else None
+
+
+def parse_transport(table: Any) -> TransportSettings:
+    if not isinstance(table, dict):
+        raise ConfigError("transport: expected a table ([transport])")
+    names = {f.name for f in fields(TransportSettings)}
+    _check_keys(table, names, "transport")
+    group = _string(table, "grpc_socket_group", "transport.", "xpu")
+    if group and (not group.isprintable() or ":" in group or len(group) > 64):
+        raise ConfigError(f"transport.grpc_socket_group: not a valid group name: {group!r}")
+    raw_mode = table.get("grpc_socket_mode", "0660")
+    if isinstance(raw_mode, int) and not isinstance(raw_mode, bool) and 0 <= raw_mode <= 0o777:
+        raw_mode = f"{raw_mode:04o}"  # TOML 0o660
+    if not (isinstance(raw_mode, str) and 3 <= len(raw_mode) <= 4 and all(c in "01234567" for c in raw_mode)):
+        raise ConfigError(f'transport.grpc_socket_mode: expected an octal mode such as "0660", got {raw_mode!r}')
+    mode_text = raw_mode
+    mode = int(mode_text, 8)
+    if mode & 0o007:
+        raise ConfigError(
+            f"transport.grpc_socket_mode: {mode_text} gives every local user access to the API; "
+            "use 0660 and put the callers in grpc_socket_group"
+        )
+    if not mode & 0o600 == 0o600:
+        raise ConfigError(f"transport.grpc_socket_mode: {mode_text} must let the owner read and write (0600 bits)")
+    return TransportSettings(
+        grpc_socket_group=group,
+        grpc_socket_mode=mode,
+        grpc_tls_cert_file=_optional_path(table, "grpc_tls_cert_file", "transport"),
+        grpc_tls_key_file=_optional_path(table, "grpc_tls_key_file", "transport"),
+        grpc_tls_client_ca_file=_optional_path(table, "grpc_tls_client_ca_file", "transport"),
+        metrics_web_config_file=_optional_path(table, "metrics_web_config_file", "transport"),
+    )
+
+
 PARTITION_KEYS = {
     "enabled",
     "cdi_dir",
@@ -477,7 +541,7 @@ def check_grpc_address(address: str, option: str) -> None:
             raise ConfigError(f"{option}: unix socket path must be absolute, got {address!r}")
         return
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{option}: expected unix:/path or HOST:PORT, got {address!r}")
 
 

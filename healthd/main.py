@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import sys
 import time
@@ -29,6 +28,7 @@ from healthd.faults import service as health_service
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
+from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
 from healthd.partition.planner import topology_aware
 from healthd.partition.wiring import Partitions
@@ -37,7 +37,9 @@ from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
 from healthd.status_rows import status_providers
+from healthd.systemd import Notifier
 from healthd.topology_wiring import build_topology
+from healthd.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
 
 log = structlog.get_logger("main")
 
@@ -161,7 +163,9 @@ class Daemon:
             self.registry,
             health=lambda: snapshot_health(self.sampler, stale_after),
             landing=self.status_page,
+            web_config=load_metrics_web_config(config.transport),
         )
+        t = config.transport
         self.grpc = GrpcServer(
             config.grpc_addresses,
             [
@@ -170,6 +174,9 @@ class Daemon:
                 Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
                 *([self.partitions.read_service] if self.partitions else []),
             ],
+            tls=load_grpc_tls(t, [a for a in config.grpc_addresses if is_tcp(a)]),
+            socket_mode=t.grpc_socket_mode,
+            socket_group=socket_group_id(t.grpc_socket_group),
         )
 
     def status_page(self) -> str:
@@ -186,7 +193,7 @@ class Daemon:
         self.sampler.start()
         await self.fault_runtime.start()
         self.http.start()
-        log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port)
+        log.info("metrics listening", address=self.config.metrics_listen, port=self.http.port, scheme=self.http.scheme)
         await self.grpc.start()
         await asyncio.to_thread(self.sampler.wait_first, 30.0)
         self.xid.start()
@@ -219,23 +226,16 @@ def _add_simulation(servicer: object, server: object) -> None:
     simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-async def run(config: Config, *, allow_fallback: bool) -> int:
+async def run(config: Config, *, allow_fallback: bool, reload_config: Callable[[], Config] | None = None) -> int:
     daemon = Daemon(config, allow_fallback=allow_fallback)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await daemon.start()
-    log.info("ready")
-    await stop.wait()
-    await daemon.stop()
-    return 0
+    return await Lifecycle(daemon, Notifier(), reload_config=reload_config).serve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
+        check_transport(config)
     except ConfigError as exc:
         print(f"xpu-healthd: {exc}", file=sys.stderr)
         return 2
@@ -244,7 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     configure_logging(config.log_level)
     try:
-        return asyncio.run(run(config, allow_fallback=args.config is None))
+        return asyncio.run(run(config, allow_fallback=args.config is None, reload_config=lambda: resolve_config(args)))
+    except ConfigError as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
     except OSError as exc:
         log.error("cannot start", error=str(exc))
         return 1

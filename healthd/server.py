@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from healthd.transport import GrpcTls, secure_socket
 
 log = structlog.get_logger("grpc")
 
@@ -34,16 +35,19 @@ class GrpcServer:
         addresses: Sequence[str],
         services: Sequence[Service],
         *,
+        tls: GrpcTls | None = None,
         socket_mode: int = SOCKET_MODE,
-        socket_group: int | None = None,
+        socket_group: int | None = None,  # gid given to unix sockets; None keeps the daemon's group
     ) -> None:
-        self._socket_mode = socket_mode
-        self._socket_group = socket_group
         self._addresses = tuple(addresses)
         self._services = tuple(services)
+        self._tls = tls
+        self._socket_mode = socket_mode
+        self._socket_group = socket_group
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._sockets: list[Path] = []
+        self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -55,19 +59,24 @@ class GrpcServer:
         for address in self._addresses:
             if address.startswith("unix:"):
                 path = _prepare_socket_path(address[len("unix:") :])
-                server.add_insecure_port(address)
+                _bind(address, server.add_insecure_port, address)
                 self._sockets.append(path)
-            else:
+            elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self._tls.private_key, self._tls.cert_chain)],
+                    root_certificates=self._tls.client_ca,
+                    require_client_auth=True,
+                )
+                self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
         for path in self._sockets:
-            os.chmod(path, self._socket_mode)
-            if self._socket_group is not None:
-                os.chown(path, -1, self._socket_group)
+            secure_socket(path, self._socket_mode, self._socket_group)
         for name in ["", *names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
-        log.info("grpc listening", addresses=list(self._addresses), services=names)
+        log.info("grpc listening", addresses=list(self._addresses), services=names, tcp_ports=self.tcp_ports)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self._server is None:
@@ -78,6 +87,14 @@ class GrpcServer:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._server = None
+
+
+def _bind(address: str, add: Callable[..., int], *args: Any) -> int:
+    """grpc reports a failed bind as RuntimeError; make it the OSError the daemon reports as "cannot start"."""
+    try:
+        return add(*args)
+    except RuntimeError as exc:
+        raise OSError(f"grpc listen {address}: cannot bind ({exc})") from None
 
 
 def _prepare_socket_path(raw: str) -> Path:

@@ -1,0 +1,139 @@
+"""The daemon's life as a systemd service: start, READY, watchdog and STATUS, SIGHUP reload, graceful stop.
+
+Order matters and is what systemd relies on:
+  1. every socket is bound and the first Snapshot exists      -> READY=1 (Type=notify: dependants start now)
+  2. while the sampler publishes and the event loop turns      -> WATCHDOG=1 every WATCHDOG_USEC/2, STATUS=summary
+  3. SIGHUP                                                   -> RELOADING=1, re-read the file, READY=1
+  4. SIGTERM/SIGINT                                           -> STOPPING=1, finish in-flight calls, flush, exit 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from exporter.webconfig import WebConfigError
+from healthd.config import Config, ConfigError
+from healthd.logs import configure_logging
+from healthd.reload import plan_reload
+from healthd.systemd import Notifier, SamplerProgress, Watchdog, sampler_stall_limit, watchdog_interval
+from healthd.testhooks import install_test_hooks
+from healthd.transport import check_transport, load_metrics_web_config
+
+if TYPE_CHECKING:
+    from healthd.main import Daemon
+
+log = structlog.get_logger("lifecycle")
+
+
+def status_line(daemon: Daemon) -> str:
+    """One line for `systemctl status`: what is sampled, how fresh, what is stuck."""
+    snap = daemon.sampler.latest()
+    if snap is None:
+        return "waiting for the first sample"
+    if not snap.backend_up:
+        return f"GPU backend {snap.backend_name} down: {snap.backend_error}"
+    age = max(0.0, time.time() - snap.taken_at)
+    stuck = [g.index for g in snap.gpus if not g.fresh]
+    text = f"{len(snap.gpus)} GPUs ({snap.backend_name}), last sample {age:.1f}s ago"
+    if stuck:
+        text += f", not answering: {stuck}"
+    return text + f"; metrics {daemon.http.scheme} :{daemon.http.port}"
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        daemon: Daemon,
+        notifier: Notifier,
+        *,
+        reload_config: Callable[[], Config] | None = None,
+        watchdog_seconds: float | None = None,
+    ) -> None:
+        self._daemon = daemon
+        self._notifier = notifier
+        self._reload_config = reload_config
+        self._watchdog_seconds = watchdog_seconds if watchdog_seconds is not None else watchdog_interval()
+        self._stop = asyncio.Event()
+        self._reloading: asyncio.Task[None] | None = None
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._schedule_reload)
+        install_test_hooks(loop)
+        daemon = self._daemon
+        await daemon.start()
+        while daemon.sampler.latest() is None and not self._stop.is_set():
+            self._notifier.status("waiting for the first sample")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+        watchdog_task: asyncio.Task[None] | None = None
+        if not self._stop.is_set():
+            self._notifier.ready(status_line(daemon))
+            log.info("ready", notify=self._notifier.via, watchdog_seconds=self._watchdog_seconds)
+            s = daemon.config.sampler
+            progress = SamplerProgress(
+                daemon.sampler.latest, sampler_stall_limit(s.interval_seconds, s.call_deadline_seconds)
+            )
+            watchdog = Watchdog(self._notifier, self._watchdog_seconds, progress, lambda: status_line(daemon))
+            watchdog_task = asyncio.create_task(watchdog.run(), name="watchdog")
+        await self._stop.wait()
+        self._notifier.stopping("stopping: finishing in-flight calls")
+        if watchdog_task is not None:
+            watchdog_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog_task
+        if self._reloading is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reloading
+        await daemon.stop()
+        return 0
+
+    def _schedule_reload(self) -> None:
+        if self._reloading is not None and not self._reloading.done():
+            log.info("reload already in progress; SIGHUP ignored")
+            return
+        self._reloading = asyncio.create_task(self.reload(), name="reload")
+
+    async def reload(self) -> None:
+        """Re-read the config file; apply what can change safely and name what needs a restart."""
+        daemon = self._daemon
+        if self._reload_config is None:
+            log.info("SIGHUP: nothing to reload")
+            return
+        self._notifier.reloading()
+        try:
+            new = await asyncio.to_thread(self._reload_config)
+            check_transport(new)
+            web_config = await asyncio.to_thread(load_metrics_web_config, new.transport)
+        except ConfigError as exc:
+            log.error("reload failed; the running settings stay", error=str(exc))
+            self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
+            return
+        try:
+            daemon.http.set_web_config(web_config)
+        except WebConfigError as exc:  # a certificate replaced between the check and now
+            log.error("reload failed; the running settings stay", error=f"transport.metrics_web_config_file: {exc}")
+            self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
+            return
+        plan = plan_reload(daemon.config, new)
+        if "daemon.log_level" in plan.applied:
+            configure_logging(new.log_level)
+        daemon.config = plan.config
+        log.info(
+            "configuration reloaded",
+            applied=list(plan.applied),
+            needs_restart=list(plan.needs_restart),
+            metrics_web_config=str(new.transport.metrics_web_config_file or "none"),
+        )
+        if plan.needs_restart:
+            log.warning("some changed settings need a restart", options=list(plan.needs_restart))
+        self._notifier.ready(status_line(daemon))

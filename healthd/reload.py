@@ -1,0 +1,47 @@
+"""SIGHUP: which settings a running daemon can take over, and which need a restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any
+
+from healthd.config import Config
+
+# Options applied in place on SIGHUP. The web config file is also re-read when its path did not change, so
+# rotated certificates and new basic-auth users take effect.
+RELOADABLE = frozenset({"daemon.log_level", "transport.metrics_web_config_file"})
+
+
+def flatten(config: Config) -> dict[str, Any]:
+    """Option name as written in the TOML file -> value: top-level fields live in [daemon], nested ones in [name]."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name == "source":
+            continue
+        if is_dataclass(value) and not isinstance(value, type):
+            for inner in fields(value):
+                out[f"{f.name}.{inner.name}"] = getattr(value, inner.name)
+        else:
+            out[f"daemon.{f.name}"] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    applied: tuple[str, ...]  # changed and taken over now
+    needs_restart: tuple[str, ...]  # changed, ignored until the daemon restarts
+    config: Config  # the running config with the reloadable options taken from the new one
+
+
+def plan_reload(running: Config, new: Config) -> ReloadPlan:
+    old_flat, new_flat = flatten(running), flatten(new)
+    changed = sorted(k for k in new_flat if old_flat.get(k) != new_flat[k])
+    applied = tuple(k for k in changed if k in RELOADABLE)
+    restart = tuple(k for k in changed if k not in RELOADABLE)
+    merged = replace(
+        running,
+        log_level=new.log_level,
+        transport=replace(running.transport, metrics_web_config_file=new.transport.metrics_web_config_file),
+    )
+    return ReloadPlan(applied, restart, merged)
