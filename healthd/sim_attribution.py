@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -64,6 +65,19 @@ def allocations_of(workloads: Sequence[SimulatedWorkload]) -> list[DeviceAllocat
             device_id = f"{device}::{n}" if shared else device
             out.append(DeviceAllocation(p.namespace, p.pod, p.container, GPU_RESOURCE, device_id))
     return out
+
+
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+def kubelet_socket_path(root: Path) -> Path:
+    """``<root>/kubelet/kubelet.sock``, or a short path under /tmp keyed by ``root`` when that one is too long for
+    a unix socket (deep state directories, e.g. under pytest's tmp)."""
+    path = root / "kubelet" / "kubelet.sock"
+    if len(str(path)) <= UNIX_PATH_MAX:
+        return path
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"xpu-sim-kubelet-{digest}" / "kubelet.sock"
 
 
 class SimulatedKubelet:
@@ -145,7 +159,7 @@ class SimulatedNode:
         self.root = root
         self.proc_root = root / "proc"
         self.log_root = root / "log"
-        self.kubelet = SimulatedKubelet(root / "kubelet" / "kubelet.sock", self.allocations, self._allocatable)
+        self.kubelet = SimulatedKubelet(kubelet_socket_path(root), self.allocations, self._allocatable)
         self._ticks = ticks
         self._lock = threading.Lock()
         self._workloads: tuple[SimulatedWorkload, ...] = ()
