@@ -8,11 +8,11 @@ scheduler (Kueue TAS, Volcano, the kube-scheduler) does the placement.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.atomic_file import write_text_atomic
 from exporter.topology.model import NIC_LEVELS, LinkKind, Topology
 
 DEFAULT_FEATURE_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/xpu-runtime-kit")
@@ -110,18 +110,7 @@ def write_feature_file(path: Path, labels: Mapping[str, str]) -> bool:
             return False
     except (FileNotFoundError, UnicodeDecodeError):
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
     return True
 
 

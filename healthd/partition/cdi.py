@@ -7,12 +7,11 @@ containerd (enable_cdi), CRI-O and Podman read specs from the CDI directories (/
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from exporter.atomic_file import write_text_atomic
 from healthd.partition.edits import ContainerEdits
 
 CDI_VERSION = "0.6.0"
@@ -52,21 +51,4 @@ class CdiWriter:
             # CDI requires at least one device per spec: no partitions, no spec file
             self.path.unlink(missing_ok=True)
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".xpu-cdi-", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(spec, f, indent=2)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_text_atomic(self.path, json.dumps(spec, indent=2) + "\n")

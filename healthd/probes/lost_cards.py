@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from exporter.atomic_file import write_text_atomic
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, ProbeReport, Severity
 from healthd.probes.common import ReportBuilder, evidence
@@ -74,23 +74,7 @@ def scan_pci_gpus(sysfs_root: Path) -> list[PciGpu]:
 
 def write_json_atomic(path: Path, data: object) -> None:
     """Write, fsync, rename: a crash leaves the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @dataclass(frozen=True, slots=True)
