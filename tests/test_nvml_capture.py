@@ -1,0 +1,522 @@
+"""NvmlBackend without a GPU: the real backend over a fake pynvml that answers from the H200 capture.
+
+The capture (``shared/fixtures/h200``, beside the repository) is read at test time; without it the module is
+skipped. Part one reruns the read-only Backend contract (tests/test_backend_contract.py) on NvmlBackend over the
+fake; part two checks that what the card said comes out of the backend translated as documented.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml
+import pytest
+from nvml_capture_fake import CAPTURE_DIR, INVENTORY_PATH, U32_SPAN, FakeNvml, capture_available, install
+from test_backend_contract import (
+    test_close_twice_is_safe,
+    test_counters_are_monotonic,
+    test_device_count_is_positive,
+    test_device_info_identity,
+    test_device_info_is_stable,
+    test_device_info_types,
+    test_implements_the_protocol,
+    test_mig_instances,
+    test_mig_profiles,
+    test_mig_profiles_are_stable,
+    test_nvlinks,
+    test_processes,
+    test_processes_twice,
+    test_reopen_after_close,
+    test_sample_error_counters_are_not_negative,
+    test_sample_memory_adds_up,
+    test_sample_ratios_and_ranges,
+    test_sample_types,
+    test_system_info,
+    test_unknown_device_index_is_a_backend_error,
+    test_wait_event_returns_within_its_timeout,
+    test_wait_event_zero_timeout,
+)
+
+from exporter.backends.errors import BackendError, DriverUnavailableError, GpuLostError, VersionMismatchError
+from exporter.backends.nvml import NvmlBackend
+from exporter.backends.types import (
+    UNSUPPORTED,
+    ComputeMode,
+    DeviceEvent,
+    DeviceInfo,
+    DeviceSample,
+    EventKind,
+    GpuProcess,
+    LinkState,
+    MigProfile,
+    RemappedRows,
+    Unsupported,
+)
+from exporter.sampler import Sampler, SamplerConfig
+from tests.conftest import FakeClock
+
+if not capture_available():
+    pytest.skip(
+        f"H200 capture not found at {CAPTURE_DIR} (nvml-inventory.json, mig-probe.log): "
+        "clone the shared/ fixtures beside the repository to run these tests",
+        allow_module_level=True,
+    )
+
+# The contract's read-only tests, collected here against the `backend` fixture below. The MIG create/destroy
+# tests (the `simulated` fixture) are left out: the fake models the captured card, which has no MIG instances.
+CONTRACT_TESTS = (
+    test_close_twice_is_safe,
+    test_counters_are_monotonic,
+    test_device_count_is_positive,
+    test_device_info_identity,
+    test_device_info_is_stable,
+    test_device_info_types,
+    test_implements_the_protocol,
+    test_mig_instances,
+    test_mig_profiles,
+    test_mig_profiles_are_stable,
+    test_nvlinks,
+    test_processes,
+    test_processes_twice,
+    test_reopen_after_close,
+    test_sample_error_counters_are_not_negative,
+    test_sample_memory_adds_up,
+    test_sample_ratios_and_ranges,
+    test_sample_types,
+    test_system_info,
+    test_unknown_device_index_is_a_backend_error,
+    test_wait_event_returns_within_its_timeout,
+    test_wait_event_zero_timeout,
+)
+
+GIB = 1 << 30
+# From nvml-inventory.json of the captured card.
+CAPTURED_UUID = "GPU-00000000-1111-2222-3333-444444444444"
+CAPTURED_ENERGY_FIELD_MJ = 20160557  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION in the field batch
+CAPTURED_ENERGY_CALL_MJ = 20152824  # nvmlDeviceGetTotalEnergyConsumption, read a moment earlier
+CAPTURED_PCIE_TX = 101521936
+CAPTURED_PCIE_RX = 3021922596  # 70% of the way to the 32-bit wrap
+# README / mig-probe.log: profile id -> (name, slices, memory MiB, SMs, max instances, placements)
+CAPTURED_MIG_PROFILES = {
+    19: ("1g.18gb", 1, 16384, 16, 7, ((0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1))),
+    20: ("1g.18gb+me", 1, 16384, 16, 1, ((0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1))),
+    15: ("1g.35gb", 1, 33280, 26, 4, ((0, 2), (2, 2), (4, 2), (6, 2))),
+    14: ("2g.35gb", 2, 33280, 32, 3, ((0, 2), (2, 2), (4, 2))),
+    9: ("3g.71gb", 3, 71424, 60, 2, ((0, 4), (4, 4))),
+    5: ("4g.71gb", 4, 71424, 64, 1, ((0, 4),)),
+    0: ("7g.141gb", 7, 143360, 132, 1, ((0, 8),)),
+}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param({}, id="h200-as-captured"),
+        pytest.param({"nvlinks": 18, "mig": True, "count": 2}, id="h200x2-nvlink18-mig"),
+    ]
+)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NvmlBackend]:
+    """NvmlBackend over the fake; the contract tests above run on it (this fixture overrides theirs)."""
+    state = install(monkeypatch, **request.param)
+    state.pcie_step = (3 * GIB, 3 * GIB)  # every read moves the counters far enough to wrap within two reads
+    b = NvmlBackend()
+    b.open()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """The captured card as it was: one H200, no NVLink, MIG off."""
+    return install(monkeypatch)
+
+
+@pytest.fixture
+def nvml(fake: FakeNvml) -> Iterator[NvmlBackend]:
+    b = NvmlBackend()
+    b.open()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_capture_path_is_beside_the_repository() -> None:
+    assert INVENTORY_PATH.parts[-4:] == ("shared", "fixtures", "h200", "nvml-inventory.json")
+
+
+# --- identity --------------------------------------------------------------------------------------------------
+
+
+def test_system_info_is_the_captured_driver(nvml: NvmlBackend) -> None:
+    info = nvml.system_info()
+    assert (info.driver_version, info.nvml_version, info.cuda_driver_version) == ("580.159.04", "13.580.159.04", 13000)
+    assert info.backend == "nvml"
+    assert nvml.device_count() == 1
+
+
+def test_device_info_is_the_captured_card(nvml: NvmlBackend) -> None:
+    info = nvml.device_info(0)
+    assert info == DeviceInfo(
+        index=0,
+        uuid=CAPTURED_UUID,
+        name="NVIDIA H200",
+        pci_bus_id="00000000:00:06.0",
+        serial="0000000000000",
+        minor_number=0,
+        memory_total_bytes=150754820096,
+        sm_clock_max_mhz=1980,
+        memory_clock_max_mhz=3201,
+        pcie_generation_max=5,
+        pcie_width_max=16,
+        power_limit_default_mw=700000,
+        nvlink_count=0,
+        mig_capable=True,
+        compute_capability=(9, 0),
+        vbios_version="96.00.A5.00.1A",
+    )
+
+
+# --- one sample ------------------------------------------------------------------------------------------------
+
+
+def test_sample_translates_the_capture(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    s = nvml.sample(0)
+    assert s.power_draw_watts == pytest.approx(78.721)  # 78721 mW
+    assert s.power_limit_watts == pytest.approx(700.0)
+    assert s.energy_joules == pytest.approx(CAPTURED_ENERGY_FIELD_MJ / 1000)  # the field batch, mJ -> J
+    assert isinstance(s.energy_joules, float)
+    assert s.temperature_gpu_celsius == 38.0
+    assert s.temperature_memory_celsius == 40.0  # NVML_FI_DEV_MEMORY_TEMP
+    assert (s.sm_clock_mhz, s.memory_clock_mhz) == (345, 3201)
+    assert (s.gpu_utilization_ratio, s.memory_utilization_ratio) == (0.0, 0.0)
+    assert s.clock_event_reasons == 1  # GPU idle
+    assert s.performance_state == 0
+    assert (s.pcie_generation, s.pcie_width) == (5, 16)
+    assert (s.pcie_tx_bytes, s.pcie_rx_bytes, s.pcie_replay_count) == (CAPTURED_PCIE_TX, CAPTURED_PCIE_RX, 0)
+    assert s.remapped_rows == RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False)
+    assert s.ecc.enabled_current is True and s.ecc.enabled_pending is True
+    assert (s.ecc.corrected_volatile, s.ecc.uncorrected_volatile) == (0, 0)
+    assert (s.ecc.corrected_aggregate, s.ecc.uncorrected_aggregate) == (0, 0)
+    assert s.recovery_action == 0
+    assert s.nvlinks is UNSUPPORTED  # all 18 links NotSupported on the captured card
+    assert s.compute_mode is ComputeMode(0)
+    assert s.persistence_mode is True
+    assert (s.mig_mode_current, s.mig_mode_pending) == (False, False)
+    # memory: v1 used (driver-reserved on an idle card) is v2's reserved; the three add up to the total
+    assert s.memory_reserved_bytes == 644939776
+    assert s.memory_used_bytes == 0
+    assert s.memory_used_bytes + s.memory_free_bytes + s.memory_reserved_bytes == 150754820096
+
+
+def test_hot_path_avoids_the_slow_calls(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    nvml.device_info(0)
+    before = fake.calls.copy()
+    nvml.sample(0)
+    made = fake.calls - before
+    assert made["nvmlDeviceGetFieldValues"] == 1
+    assert made["nvmlDeviceGetTotalEnergyConsumption"] == 0  # 4.5 ms; the field has it (capture: 20152824 mJ)
+    assert made["nvmlDeviceGetMaxClockInfo"] == 0  # 1.4 ms; read once in device_info
+    assert made["nvmlDeviceGetRemappedRows"] == 0  # the four REMAPPED fields answered
+    assert made["nvmlDeviceGetNvLinkState"] == 0  # no links found at device_info: none asked per cycle
+
+
+def test_the_energy_call_and_field_disagree_by_the_capture_gap(fake: FakeNvml) -> None:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) == CAPTURED_ENERGY_CALL_MJ
+    assert fake.energy_mj == CAPTURED_ENERGY_FIELD_MJ
+
+
+def test_unsupported_readings_of_the_card_are_absent(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for call in (pynvml.nvmlDeviceGetFanSpeed, pynvml.nvmlDeviceGetNumaNodeId):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call(handle)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRetiredPages(handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    info, sample = nvml.device_info(0), nvml.sample(0)
+    names = [f.name for f in dataclasses.fields(info) + dataclasses.fields(sample)]
+    assert not [name for name in names if "fan" in name or "numa" in name]
+    assert info.nvlink_count == 0
+    assert nvml.nvlink_peers(0) is UNSUPPORTED
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 1  # link 0 NotSupported: the probe stops there
+
+
+# --- counters --------------------------------------------------------------------------------------------------
+
+
+def test_pcie_counters_stay_monotonic_across_the_32_bit_wrap(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    first = nvml.sample(0)
+    steps = [(1 * GIB, 2 * GIB), (3 * GIB, 1 * GIB), (1 * GIB, 3 * GIB), (2 * GIB, 2 * GIB)]
+    assert isinstance(first.pcie_tx_bytes, int) and isinstance(first.pcie_rx_bytes, int)
+    readings = [(first.pcie_tx_bytes, first.pcie_rx_bytes)]
+    for tx, rx in steps:
+        fake.advance_pcie(tx, rx)
+        s = nvml.sample(0)
+        assert (s.pcie_tx_bytes, s.pcie_rx_bytes) == (fake.pcie_tx_bytes, fake.pcie_rx_bytes)
+        assert isinstance(s.pcie_tx_bytes, int) and isinstance(s.pcie_rx_bytes, int)
+        readings.append((s.pcie_tx_bytes, s.pcie_rx_bytes))
+    assert fake.pcie_rx_bytes > 2 * U32_SPAN and fake.pcie_tx_bytes > U32_SPAN, "both counters wrapped"
+    assert readings == sorted(readings)
+    assert all(b[0] > a[0] and b[1] > a[1] for a, b in itertools.pairwise(readings))
+
+
+def test_reopen_starts_the_wrap_count_afresh(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    nvml.sample(0)
+    fake.advance_pcie(0, 2 * GIB)  # RX wraps
+    assert nvml.sample(0).pcie_rx_bytes == CAPTURED_PCIE_RX + 2 * GIB
+    nvml.close()
+    nvml.open()
+    assert nvml.sample(0).pcie_rx_bytes == (CAPTURED_PCIE_RX + 2 * GIB) % U32_SPAN
+
+
+# --- NVLink (an HGX board, not the captured VM) -----------------------------------------------------------------
+
+
+def test_eighteen_nvlinks_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, nvlinks=18)
+    b = NvmlBackend()
+    b.open()
+    try:
+        assert b.device_info(0).nvlink_count == 18
+        links = b.sample(0).nvlinks
+        assert not isinstance(links, Unsupported)
+        assert [link.link for link in links] == list(range(18))
+        assert all(link.state is LinkState.UP for link in links)
+        assert all((link.crc_errors, link.replay_errors, link.recovery_errors) == (0, 0, 0) for link in links)
+        assert all((link.tx_bytes, link.rx_bytes) == (0, 0) for link in links)
+        assert b.nvlink_peers(0) == ("nvswitch",) * 18
+    finally:
+        b.close()
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+OPTIONAL_CALLS = (
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND],
+    ids=["NotSupported", "FunctionNotFound"],
+)
+def test_not_supported_never_raises(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """A card (or driver) that answers NotSupported to every optional reading still samples."""
+    fake = install(monkeypatch, nvlinks=18)
+    for call in OPTIONAL_CALLS:
+        fake.fail(call, code)
+    b = NvmlBackend()
+    b.open()
+    try:
+        assert b.system_info().cuda_driver_version is UNSUPPORTED
+        info = b.device_info(0)
+        assert info.mig_capable is False
+        assert info.serial is UNSUPPORTED and info.compute_capability is UNSUPPORTED
+        s = b.sample(0)
+        required = {"memory_used_bytes", "memory_free_bytes", "memory_reserved_bytes", "ecc", "remapped_rows"}
+        for f in dataclasses.fields(s):
+            if f.name not in required and f.name != "nvlinks":
+                assert getattr(s, f.name) is UNSUPPORTED, f.name
+        assert s.memory_reserved_bytes is UNSUPPORTED  # fell back to v1
+        assert s.memory_used_bytes == 644939776
+        assert s.remapped_rows is UNSUPPORTED
+        assert all(getattr(s.ecc, f.name) is UNSUPPORTED for f in dataclasses.fields(s.ecc))
+        assert not isinstance(s.nvlinks, Unsupported)
+        assert all(link.tx_bytes is UNSUPPORTED and link.crc_errors == 0 for link in s.nvlinks)
+        assert b.processes(0) == ()
+        assert b.mig_profiles(0) == ()
+        assert b.mig_instances(0) == ()
+        assert b.wait_event(0.0) is None
+    finally:
+        b.close()
+
+
+def test_gpu_lost_on_one_call_names_that_call(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    nvml.sample(0)
+    fake.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(GpuLostError) as lost:
+        nvml.sample(0)
+    assert lost.value.call == "nvmlDeviceGetPowerUsage"
+    assert lost.value.code == "gpu_lost"
+    assert isinstance(lost.value.__cause__, pynvml.NVMLError_GpuIsLost)
+
+
+def test_gpu_off_the_bus_fails_the_sample_at_its_first_call(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    nvml.sample(0)
+    fake.lose_gpu()
+    with pytest.raises(GpuLostError) as lost:
+        nvml.sample(0)
+    assert lost.value.call == "nvmlDeviceGetFieldValues"
+    with pytest.raises(GpuLostError):
+        nvml.processes(0)
+
+
+def test_version_mismatch_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch)
+    fake.fail("nvmlInit", pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    b = NvmlBackend()
+    with pytest.raises(VersionMismatchError) as mismatch:
+        b.open()
+    assert mismatch.value.call == "nvmlInit"
+    assert mismatch.value.code == "version_mismatch"
+    with pytest.raises(DriverUnavailableError):
+        b.device_count()  # not open
+
+
+def test_other_init_failures_are_backend_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch)
+    fake.fail("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(BackendError) as failed:
+        NvmlBackend().open()
+    assert failed.value.call == "nvmlDeviceGetCount"
+    assert fake.calls["nvmlShutdown"] == 1, "a failed open releases the library"
+
+
+# --- processes -------------------------------------------------------------------------------------------------
+
+
+def test_no_process_is_an_empty_list(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    assert nvml.processes(0) == ()
+
+
+def test_the_probes_process(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    fake.add_captured_process()
+    assert nvml.processes(0) == (
+        GpuProcess(pid=847, used_memory_bytes=1990197248, sm_utilization_ratio=0.82, gpu_instance_id=UNSUPPORTED),
+    )
+    again = nvml.processes(0)  # no sample newer than the last one: SM use unknown, process still listed
+    assert [(p.pid, p.sm_utilization_ratio) for p in again] == [(847, UNSUPPORTED)]
+
+
+# --- MIG -------------------------------------------------------------------------------------------------------
+
+
+def test_mig_profiles_are_the_captured_table(nvml: NvmlBackend) -> None:
+    profiles = nvml.mig_profiles(0)
+    assert all(isinstance(p, MigProfile) for p in profiles)
+    table = {
+        p.profile_id: (p.name, p.slice_count, p.memory_mib, p.sm_count, p.instance_count, p.placements)
+        for p in profiles
+    }
+    assert table == CAPTURED_MIG_PROFILES
+    assert [p.profile_id for p in profiles] == [19, 14, 9, 5, 0, 20, 15]  # NVML's profile-constant order
+    assert nvml.mig_instances(0) == ()  # MIG off
+
+
+def test_mig_on_without_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, mig=True)
+    b = NvmlBackend()
+    b.open()
+    try:
+        s = b.sample(0)
+        assert (s.mig_mode_current, s.mig_mode_pending) == (True, True)
+        assert b.mig_instances(0) == ()
+        assert {p.profile_id for p in b.mig_profiles(0)} == set(CAPTURED_MIG_PROFILES)
+    finally:
+        b.close()
+
+
+# --- events ----------------------------------------------------------------------------------------------------
+
+
+def test_wait_event_with_nothing_pending_is_none(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    assert nvml.wait_event(0.2) is None
+    assert fake.calls["nvmlEventSetWait_v2"] == 1
+    assert fake.calls["nvmlDeviceRegisterEvents"] == 1
+
+
+def test_wait_event_delivers_an_xid(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch, count=2)
+    b = NvmlBackend()
+    b.open()
+    try:
+        fake.post_xid(1, 79)
+        event = b.wait_event(0.2)
+        assert isinstance(event, DeviceEvent)
+        assert (event.kind, event.gpu_index, event.xid) == (EventKind.XID, 1, 79)
+        assert event.uuid == b.device_info(1).uuid != b.device_info(0).uuid
+    finally:
+        b.close()
+
+
+# --- the sampler over the backend -------------------------------------------------------------------------------
+
+GENEROUS = SamplerConfig(interval_seconds=60.0, call_deadline_seconds=60.0, open_deadline_seconds=60.0)
+
+
+def _sampler_over_fake(monkeypatch: pytest.MonkeyPatch, **fake_options: Any) -> tuple[Sampler, FakeNvml, FakeClock]:
+    fake = install(monkeypatch, **fake_options)
+    clock = FakeClock()
+    return Sampler(NvmlBackend(), GENEROUS, clock=clock), fake, clock
+
+
+def test_sampler_publishes_a_fresh_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler, _fake, clock = _sampler_over_fake(monkeypatch)
+    try:
+        snap = sampler.run_once()
+        assert snap.backend_up and snap.backend_name == "nvml" and snap.backend_error is None
+        assert snap.system is not None and snap.system.driver_version == "580.159.04"
+        gpu = snap.gpu(0)
+        assert gpu is not None and gpu.fresh and gpu.error is None
+        assert gpu.uuid == CAPTURED_UUID
+        assert isinstance(gpu.sample, DeviceSample)
+        assert gpu.sample.power_draw_watts == pytest.approx(78.721)
+        assert gpu.sampled_at == clock.now
+        assert gpu.mig_instances == () and gpu.processes == ()
+        assert snap.counters.calls["sample"] == 1
+        assert sampler.latest() is snap
+    finally:
+        sampler.stop()
+        sampler.backend.close()
+
+
+def test_sampler_marks_a_lost_gpu_stale_and_keeps_its_last_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler, fake, _clock = _sampler_over_fake(monkeypatch)
+    try:
+        good = sampler.run_once().gpu(0)
+        fake.lose_gpu()
+        gpu = sampler.run_once().gpu(0)
+        assert good is not None and gpu is not None
+        assert not gpu.fresh and gpu.error_code == "gpu_lost"
+        assert gpu.error is not None and "nvmlDeviceGetFieldValues" in gpu.error
+        assert gpu.sample == good.sample
+    finally:
+        sampler.stop()
+        sampler.backend.close()
