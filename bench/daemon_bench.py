@@ -49,6 +49,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
+    """One GET on a fresh loopback connection: (status, body, seconds)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        t = time.perf_counter()
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read()
+        return resp.status, body, time.perf_counter() - t
+    finally:
+        conn.close()
+
+
 @dataclass
 class DaemonRun:
     """One xpu-healthd process. ``gpus=0`` with ``real=True``: the real driver, GPU count read from /metrics."""
@@ -112,15 +125,7 @@ class DaemonRun:
         return self.gpus
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            t = time.perf_counter()
-            conn.request("GET", path, headers=headers or {})
-            resp = conn.getresponse()
-            body = resp.read()
-            return resp.status, body, time.perf_counter() - t
-        finally:
-            conn.close()
+        return http_get(self.port, path, headers)
 
     def ready(self) -> bool:
         assert self.proc is not None

@@ -18,7 +18,6 @@ settings before and after and reports whether they are unchanged.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -38,6 +37,7 @@ if __package__ in (None, ""):
 
 from bench.common import median, percentile, proc_cpu_seconds, proc_status_kib
 from bench.daemon_bench import DaemonRun, free_port
+from bench.daemon_bench import http_get as get
 from bench.metrics_bench import PROMETHEUS_ACCEPT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,18 +76,6 @@ def wait_http(port: int, path: str, proc: subprocess.Popen[bytes], timeout: floa
             pass
         time.sleep(0.2)
     raise RuntimeError(f"no answer on {path} within {timeout:.0f} s")
-
-
-def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        t = time.perf_counter()
-        conn.request("GET", path, headers=headers or {})
-        resp = conn.getresponse()
-        body = resp.read()
-        return resp.status, body, time.perf_counter() - t
-    finally:
-        conn.close()
 
 
 def burst(port: int, n: int) -> dict[str, float]:
