@@ -1,6 +1,6 @@
 """A fake ``pynvml`` for :class:`exporter.backends.nvml.NvmlBackend`, answering from a real H200 capture.
 
-The answers come from ``shared/fixtures/h200`` (``nvml-inventory.json`` and ``mig-probe.log``), measured on one
+The answers come from ``tests/fixtures/h200`` (``nvml-inventory.json`` and ``mig-probe.log``), measured on one
 NVIDIA H200 SXM in a VM: no NVLink, MIG off, ECC on. :func:`install` monkeypatches every ``pynvml`` function the
 backend calls; NVML errors are raised as ``pynvml.NVMLError(code)``, as the real wrappers do, and wherever the
 capture says "Not Supported" the fake raises NotSupported (fan, NUMA node, retired pages, NVLink when
@@ -26,7 +26,7 @@ from typing import Any
 import pynvml
 import pytest
 
-CAPTURE_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+CAPTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "h200"
 INVENTORY_PATH = CAPTURE_DIR / "nvml-inventory.json"
 MIG_PROBE_PATH = CAPTURE_DIR / "mig-probe.log"
 
@@ -48,10 +48,6 @@ _ERROR_TEXT: dict[str, int] = {
     "Invalid Argument": pynvml.NVML_ERROR_INVALID_ARGUMENT,
     "Timeout": pynvml.NVML_ERROR_TIMEOUT,
 }
-
-
-def capture_available() -> bool:
-    return INVENTORY_PATH.is_file() and MIG_PROBE_PATH.is_file()
 
 
 def error_code(text: str) -> int:

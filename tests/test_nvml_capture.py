@@ -1,8 +1,8 @@
 """NvmlBackend without a GPU: the real backend over a fake pynvml that answers from the H200 capture.
 
-The capture (``shared/fixtures/h200``, beside the repository) is read at test time; without it the module is
-skipped. Part one reruns the read-only Backend contract (tests/test_backend_contract.py) on NvmlBackend over the
-fake; part two checks that what the card said comes out of the backend translated as documented.
+The capture (``tests/fixtures/h200``) is read at test time. Part one reruns the read-only Backend contract
+(tests/test_backend_contract.py) on NvmlBackend over the fake; part two checks that what the card said comes out
+of the backend translated as documented.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from nvml_capture_fake import CAPTURE_DIR, INVENTORY_PATH, U32_SPAN, FakeNvml, capture_available, install
+from nvml_capture_fake import INVENTORY_PATH, U32_SPAN, FakeNvml, install
 from test_backend_contract import (
     test_close_twice_is_safe,
     test_counters_are_monotonic,
@@ -57,13 +57,6 @@ from exporter.backends.types import (
 )
 from exporter.sampler import Sampler, SamplerConfig
 from tests.conftest import FakeClock
-
-if not capture_available():
-    pytest.skip(
-        f"H200 capture not found at {CAPTURE_DIR} (nvml-inventory.json, mig-probe.log): "
-        "clone the shared/ fixtures beside the repository to run these tests",
-        allow_module_level=True,
-    )
 
 # The contract's read-only tests, collected here against the `backend` fixture below. The MIG create/destroy
 # tests (the `simulated` fixture) are left out: the fake models the captured card, which has no MIG instances.
@@ -145,8 +138,8 @@ def nvml(fake: FakeNvml) -> Iterator[NvmlBackend]:
         b.close()
 
 
-def test_capture_path_is_beside_the_repository() -> None:
-    assert INVENTORY_PATH.parts[-4:] == ("shared", "fixtures", "h200", "nvml-inventory.json")
+def test_capture_lives_in_the_repository() -> None:
+    assert INVENTORY_PATH.parts[-4:] == ("tests", "fixtures", "h200", "nvml-inventory.json")
 
 
 # --- identity --------------------------------------------------------------------------------------------------
