@@ -242,10 +242,10 @@ class KmsgReader:
                 os.close(fd)
 
     def _failed(self, message: str) -> None:
-        self.errors += 1
         if message != self.last_error:
             log.warning("kernel log unreadable", error=message)
-        self.last_error = message
+        self.last_error = message  # before the count, so whoever sees the count also sees why
+        self.errors += 1
 
     def _deliver(self, line: str) -> None:
         record = parse_line(line)
