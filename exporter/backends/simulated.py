@@ -48,7 +48,17 @@ MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
 NVLINK_BYTES_PER_SECOND_BUSY = 150e9  # per card, all links, at full load
 PCIE_BYTES_PER_SECOND_BUSY = 8e9
-HANGABLE_CALLS = ("device_info", "sample", "processes", "mig_instances", "mig_profiles", "nvlink_peers", "*")
+HANGABLE_CALLS = (
+    "device_info",
+    "sample",
+    "processes",
+    "mig_instances",
+    "mig_profiles",
+    "nvlink_peers",
+    "create_mig_instance",
+    "destroy_mig_instance",
+    "*",
+)
 
 
 @dataclass
@@ -373,13 +383,13 @@ class SimulatedBackend:
     # ----- MIG writes --------------------------------------------------------------------------------------
 
     def create_mig_instance(self, index: int, profile_id: int, placement_start: int) -> MigInstance:
-        card = self._enter(index, "*", "nvmlDeviceCreateGpuInstanceWithPlacement")
+        card = self._enter(index, "create_mig_instance", "nvmlDeviceCreateGpuInstanceWithPlacement")
         with card.lock:
             gi = self._create_gi(card, profile_id, placement_start)
             return self._mig_instance(card, gi)
 
     def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
-        card = self._enter(index, "*", "nvmlGpuInstanceDestroy")
+        card = self._enter(index, "destroy_mig_instance", "nvmlGpuInstanceDestroy")
         with card.lock:
             if gpu_instance_id not in card.mig:
                 raise NotFoundError(f"GPU {index} has no GPU instance {gpu_instance_id}", call="nvmlGpuInstanceDestroy")

@@ -1,0 +1,194 @@
+"""The device-access layer: lanes, deadlines, fail-fast on hung cards, one thread per lane, async waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from exporter.backends.errors import GpuLostError
+from exporter.backends.guarded import (
+    CallTimeoutError,
+    CardHungError,
+    DeadlineSettings,
+    DeviceAccess,
+    GuardedBackend,
+)
+from exporter.backends.simulated import SimulatedBackend
+
+FAST = DeadlineSettings(read_seconds=0.2, change_seconds=0.3, open_seconds=0.5)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def device(sim: SimulatedBackend) -> Iterator[GuardedBackend]:
+    guarded = GuardedBackend(DeviceAccess(sim, FAST))
+    yield guarded
+    sim.clear()
+    guarded.access.shutdown(1.0)
+
+
+def lane_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("lane-")}
+
+
+def test_calls_answer_like_the_backend(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    assert device.device_count() == sim.device_count()
+    assert device.device_info(2) == sim.device_info(2)
+    assert device.sample(2).memory_used_bytes >= 0
+    counters = device.access.counters()
+    assert counters.calls["device_count"] == 1 and counters.calls["sample"] == 1
+
+
+def test_backend_errors_pass_through_and_are_counted(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("gpu_lost", 4)
+    with pytest.raises(GpuLostError):
+        device.sample(4)
+    assert device.access.counters().errors[("sample", "gpu_lost")] == 1
+    assert device.access.hung() == (), "an error is an answer, not a hang"
+
+
+def test_hung_call_times_out_once_then_the_card_fails_fast(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("hang", 3, {"call": "sample"})
+    with pytest.raises(CallTimeoutError) as first:
+        device.sample(3)
+    assert first.value.scope == 3 and first.value.call == "sample"
+    for call in (device.sample, device.processes, device.mig_instances):
+        with pytest.raises(CardHungError) as again:
+            call(3)
+        assert "GPU 3 is not answering: sample has been stuck for" in str(again.value)
+        assert again.value.stuck_call == "sample"
+    counters = device.access.counters()
+    assert counters.timeouts == {"sample": 1}, "one hung call is one timeout"
+    assert counters.calls.get("processes", 0) == 0, "fail fast: refused at once, never queued behind the stuck call"
+    assert counters.errors[("processes", "hung")] == 1
+    assert device.sample(2).memory_used_bytes >= 0, "other cards answer"
+    assert set(device.access.hung_cards()) == {3}
+
+
+def test_a_hung_card_recovers_when_its_call_returns(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("hang", 5, {"call": "*"})
+    with pytest.raises(CallTimeoutError):
+        device.sample(5)
+    sim.clear(5)
+    assert wait_for(lambda: not device.access.hung())
+    assert device.sample(5).memory_used_bytes >= 0
+
+
+def test_a_hung_card_costs_no_thread_however_often_it_is_called(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    for i in range(8):
+        device.sample(i)
+    before = {t.ident for t in threading.enumerate()}
+    sim.inject("hang", 6, {"call": "mig_instances"})
+    sim.inject("hang", 7, {"call": "*"})
+    for _ in range(50):
+        for gpu in (6, 7):
+            with pytest.raises((CallTimeoutError, CardHungError)):
+                device.mig_instances(gpu)
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert started == [], "the hung cards' own lanes carry their stuck calls; nothing else starts"
+    assert {"lane-6", "lane-7"} <= lane_threads()
+
+
+def test_calls_queued_behind_a_hung_call_fail_when_it_is_declared_hung(
+    device: GuardedBackend, sim: SimulatedBackend
+) -> None:
+    sim.inject("hang", 1, {"call": "sample"})
+    stuck = device.submit(1, "sample")
+    queued = device.submit(1, "processes")
+    with pytest.raises(CardHungError):
+        queued.result()  # it waited for the stuck call's deadline, then failed as hung, without running
+    with pytest.raises(CallTimeoutError):
+        stuck.result()
+    assert device.access.counters().calls.get("processes", 0) == 0
+
+
+def test_a_late_answer_still_reaches_the_outcome(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("hang", 6, {"call": "create_mig_instance"})
+    pending = device.aio.create_mig_instance(6, 19, 0)
+
+    async def wait() -> None:
+        await pending.wait()
+
+    with pytest.raises(CallTimeoutError):
+        asyncio.run(wait())
+    assert not pending.outcome.done(), "still in the driver"
+    sim.clear(6)
+    instance = pending.outcome.result(timeout=5)
+    assert instance.profile_id == 19 and instance.placement_start == 0
+
+
+def test_async_waiters_never_block_the_loop(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("hang", 0, {"call": "sample"})
+
+    async def scenario() -> None:
+        hung = asyncio.create_task(device.aio.sample(0))
+        turns = 0
+        while not hung.done():  # this coroutine keeps running while the call is stuck in the driver
+            turns += 1
+            await asyncio.sleep(0.005)
+        assert turns > 1
+        with pytest.raises(CallTimeoutError):
+            await hung
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_async_caller_leaves_the_lane_usable(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    async def scenario() -> None:
+        task = asyncio.create_task(device.aio.sample(2))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await device.aio.sample(2)).memory_used_bytes >= 0
+
+    asyncio.run(scenario())
+
+
+def test_hung_lanes_are_found_without_a_waiter(sim: SimulatedBackend) -> None:
+    """A caller that went away (cancelled) does not hide a hang: asking for hung lanes finds it."""
+    access = DeviceAccess(sim, FAST)
+    sim.inject("hang", 4, {"call": "sample"})
+    access.submit(4, "sample", lambda: sim.sample(4), FAST.read_seconds)  # nobody waits for it
+    assert wait_for(lambda: bool(access.hung()))
+    (hung,) = access.hung()
+    assert (hung.scope, hung.call) == (4, "sample")
+    assert "GPU 4: sample has not returned after" in hung.describe(access.now())
+    sim.clear()
+    access.shutdown(1.0)
+
+
+def test_shutdown_reports_calls_still_in_the_driver(sim: SimulatedBackend) -> None:
+    access = DeviceAccess(sim, FAST)
+    guarded = GuardedBackend(access)
+    sim.inject("hang", 2, {"call": "*"})
+    with pytest.raises(CallTimeoutError):
+        guarded.sample(2)
+    started = time.monotonic()
+    hung = access.shutdown(0.1)
+    assert time.monotonic() - started < 1.0
+    assert [(h.scope, h.call) for h in hung] == [(2, "sample")]
+    with pytest.raises(Exception, match="shutting down"):
+        guarded.sample(1)
+
+
+def test_event_wait_has_its_own_lane(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    assert device.wait_event(0.05) is None
+    assert "lane-events" in lane_threads()
+
+
+def test_deadline_settings_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="read_seconds"):
+        DeadlineSettings(read_seconds=0)
