@@ -1,38 +1,49 @@
-"""Background sampling into immutable Snapshots, with a deadline on every backend call.
+"""Background sampling into immutable Snapshots.
 
-One worker thread per GPU runs that card's calls in order. The coordinator thread starts a cycle on every idle
-worker, then waits for them, watching the call each worker is in: a call that passes its deadline is counted as a
-timeout once, the card is marked not fresh, and the coordinator moves on. A stuck worker gets no new work until its
-call returns, so a hung card costs one thread and stalls nothing else (scrapes read the last Snapshot and never
-call the backend).
+Every driver call goes through the device-access layer (``exporter/backends/guarded.py``): one lane per card, a
+deadline on every call. A cycle fans out over the cards in two rounds (identity and sample; then processes and MIG
+instances) and waits for each call at most its deadline. A card whose call passes its deadline is marked not fresh
+(its last good reading is kept for context); while its lane stays hung, its calls fail at once, so a hung card
+costs the cycle nothing after the first deadline and stalls no other card. When the stuck call returns, the card
+comes back by itself. A process or MIG listing that fails (but does not hang) only leaves that part unknown.
+
+New Snapshots go to subscribers through a latest-wins bus (``exporter/bus.py``): each runs on its own thread, so
+a slow subscriber skips Snapshots instead of delaying sampling. Scrapes read the last Snapshot and never call the
+driver.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any
 
 import structlog
 
 from exporter.backends.errors import BackendError
+from exporter.backends.guarded import (
+    CallTimeoutError,
+    CardHungError,
+    DeadlineSettings,
+    DeviceAccess,
+    GuardedBackend,
+    Pending,
+)
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
-from exporter.snapshot import CallCounters, GpuSnapshot, Snapshot
+from exporter.bus import LatestBus, SubscriberStats
+from exporter.snapshot import GpuSnapshot, Snapshot, StuckCall
 
-T = TypeVar("T")
 log = structlog.get_logger("sampler")
 
 
 @dataclass(frozen=True, slots=True)
 class SamplerConfig:
     interval_seconds: float = 5.0
-    call_deadline_seconds: float = 2.0
+    call_deadline_seconds: float = 2.0  # used only when the sampler makes its own device-access layer
     open_deadline_seconds: float = 10.0
 
     def __post_init__(self) -> None:
@@ -42,120 +53,21 @@ class SamplerConfig:
             raise ValueError("call_deadline_seconds must be > 0")
 
 
-@dataclass(frozen=True, slots=True)
-class _CycleResult:
+@dataclass(slots=True)
+class _CardCycle:
+    """One card's calls in one cycle."""
+
+    index: int
     info: DeviceInfo | None
-    sample: DeviceSample | None
-    processes: tuple[GpuProcess, ...]
-    mig_instances: tuple[MigInstance, ...]
-    error: BackendError | None
-    finished_at: float
-
-
-class _CallTimer:
-    """What one worker is doing right now, read by the coordinator to enforce deadlines."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._call: str | None = None
-        self._started = 0.0
-        self.reported_timeout = False
-
-    def begin(self, call: str, now: float) -> None:
-        with self._lock:
-            self._call, self._started, self.reported_timeout = call, now, False
-
-    def end(self) -> None:
-        with self._lock:
-            self._call = None
-
-    def current(self) -> tuple[str, float] | None:
-        with self._lock:
-            return None if self._call is None else (self._call, self._started)
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
-        self._errors: Counter[tuple[str, str]] = Counter()
-        self._timeouts: Counter[str] = Counter()
-
-    def call(self, name: str) -> None:
-        with self._lock:
-            self._calls[name] += 1
-
-    def error(self, name: str, code: str) -> None:
-        with self._lock:
-            self._errors[(name, code)] += 1
-
-    def timeout(self, name: str) -> None:
-        with self._lock:
-            self._timeouts[name] += 1
-
-    def freeze(self) -> CallCounters:
-        with self._lock:
-            return CallCounters(
-                calls=MappingProxyType(dict(self._calls)),
-                errors=MappingProxyType(dict(self._errors)),
-                timeouts=MappingProxyType(dict(self._timeouts)),
-            )
-
-
-class _GpuWorker:
-    """Runs the calls of one card on its own thread."""
-
-    def __init__(self, index: int, backend: Backend, counters: _Counters, monotonic: Callable[[], float]) -> None:
-        self.index = index
-        self.timer = _CallTimer()
-        self._backend = backend
-        self._counters = counters
-        self._monotonic = monotonic
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{index}")
-        self.future: Future[_CycleResult] | None = None
-        self.info: DeviceInfo | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.future is not None and not self.future.done()
-
-    def submit(self, clock: Callable[[], float]) -> Future[_CycleResult]:
-        self.future = self._pool.submit(self._cycle, clock)
-        return self.future
-
-    def _call(self, name: str, fn: Callable[[int], T]) -> T:
-        self.timer.begin(name, self._monotonic())
-        self._counters.call(name)
-        try:
-            return fn(self.index)
-        except BackendError as exc:
-            self._counters.error(name, exc.code)
-            raise
-        finally:
-            self.timer.end()
-
-    def _cycle(self, clock: Callable[[], float]) -> _CycleResult:
-        b = self._backend
-        info, sample = self.info, None
-        processes: tuple[GpuProcess, ...] = ()
-        instances: tuple[MigInstance, ...] = ()
-        try:
-            if info is None:
-                info = self.info = self._call("device_info", b.device_info)
-            sample = self._call("sample", b.sample)
-            processes = self._call("processes", b.processes)
-            if sample.mig_mode_current is True:
-                instances = self._call("mig_instances", b.mig_instances)
-        except BackendError as exc:
-            return _CycleResult(info, None, (), (), exc, clock())
-        except Exception as exc:  # a backend bug must not kill the worker; report it as data
-            log.exception("backend call raised unexpectedly", gpu=self.index)
-            err = BackendError(f"{type(exc).__name__}: {exc}", call="unexpected", code="internal")
-            return _CycleResult(info, None, (), (), err, clock())
-        return _CycleResult(info, sample, processes, instances, None, clock())
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    info_call: Pending[Any] | None = None
+    sample_call: Pending[Any] | None = None
+    processes_call: Pending[Any] | None = None
+    mig_call: Pending[Any] | None = None
+    sample: DeviceSample | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    error: BackendError | None = None  # the card failed this cycle (no sample)
+    partial: dict[str, str] = field(default_factory=dict)  # part -> why it is unknown (the card is still fresh)
 
 
 class Sampler:
@@ -163,36 +75,49 @@ class Sampler:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | GuardedBackend,
         config: SamplerConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.backend = backend
         self.config = config or SamplerConfig()
+        if isinstance(backend, GuardedBackend):
+            self.device, self._owns_device = backend, False
+        else:
+            deadlines = DeadlineSettings(
+                read_seconds=self.config.call_deadline_seconds, open_seconds=self.config.open_deadline_seconds
+            )
+            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, deadlines)), True
+        self.backend: Backend = self.device.raw
         self._clock = clock
         self._monotonic = monotonic
-        self._counters = _Counters()
-        self._workers: list[_GpuWorker] = []
+        self._count: int | None = None  # cards, once the backend is open
+        self._infos: dict[int, DeviceInfo] = {}
         self._gpus: dict[int, GpuSnapshot] = {}
         self._system: SystemInfo | None = None
         self._backend_error: str | None = None
-        self._open_future: Future[None] | None = None
-        self._open_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend-open")
+        self._opening: Pending[Any] | None = None  # an open that passed its deadline and has not returned
         self._latest: Snapshot | None = None
         self._latest_lock = threading.Lock()
         self._first = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._subscribers: list[Callable[[Snapshot], object]] = []
+        self._bus: LatestBus[Snapshot] = LatestBus()
         self._seq = 0
 
     # ----- public ------------------------------------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[Snapshot], object]) -> None:
-        """Call ``callback`` with every new Snapshot, on the sampler thread; it must return quickly."""
-        self._subscribers.append(callback)
+    def subscribe(self, callback: Callable[[Snapshot], object], name: str | None = None) -> None:
+        """Call ``callback`` with new Snapshots on its own thread; a busy callback skips to the newest one."""
+        self._bus.subscribe(callback, name)
+
+    def wait_subscribers(self, timeout: float = 10.0) -> bool:
+        """Every subscriber has handled the latest Snapshot (tests, benchmarks)."""
+        return self._bus.wait_idle(timeout)
+
+    def subscriber_stats(self) -> list[SubscriberStats]:
+        return self._bus.stats()
 
     def latest(self) -> Snapshot | None:
         with self._latest_lock:
@@ -207,21 +132,27 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> list[str]:
+        """Stop sampling; returns the subscribers still busy after ``timeout`` (they are left to finish)."""
         self._stop.set()
+        started = time.monotonic()
         if self._thread is not None:
             self._thread.join(timeout)
-        for w in self._workers:
-            w.shutdown()
-        self._open_pool.shutdown(wait=False, cancel_futures=True)
+        busy = self._bus.close(max(0.0, timeout - (time.monotonic() - started)))
+        if self._owns_device:
+            self.device.access.shutdown(0.0)
+        return busy
 
     def run_once(self) -> Snapshot:
         """One full cycle on the calling thread's behalf (tests and benchmarks)."""
         started = self._monotonic()
-        if not self._ensure_open():
-            return self._publish(started)
-        pending = [w.submit(self._clock) for w in self._workers if not w.busy]
-        self._await(pending, started)
+        if self._ensure_open():
+            assert self._count is not None
+            cycles = [_CardCycle(i, self._infos.get(i)) for i in range(self._count)]
+            self._round_one(cycles)
+            self._round_two(cycles)
+            for cycle in cycles:
+                self._absorb(cycle)
         return self._publish(started)
 
     # ----- internals ---------------------------------------------------------------------------------------
@@ -241,113 +172,115 @@ class Sampler:
             self._stop.wait(delay)
 
     def _ensure_open(self) -> bool:
-        if self._workers:
+        if self._count is not None:
             return True
-        if self._open_future is None:
-            self._open_future = self._open_pool.submit(self._open_backend)
+        access = self.device.access
         try:
-            self._open_future.result(timeout=self.config.open_deadline_seconds)
-        except TimeoutError:
-            self._backend_error = f"timeout: backend open exceeded {self.config.open_deadline_seconds:g}s"
-            self._counters.timeout("open")
-            return False
+            if self._opening is not None:  # an earlier open is still in the driver: wait for its answer
+                if not self._opening.outcome.done():
+                    hung = access.lane("node").hung()
+                    stuck = f" after {self._monotonic() - hung.since:.0f}s" if hung else ""
+                    self._backend_error = f"timeout: backend open has not returned{stuck}"
+                    return False
+                opening, self._opening = self._opening, None
+                opening.outcome.result()
+            else:
+                pending = access.submit("node", "open", self.backend.open, access.deadlines.open_seconds)
+                try:
+                    pending.result()
+                except CallTimeoutError:
+                    self._opening = pending
+                    raise
+            self._system = self.device.system_info()
+            count = self.device.device_count()
         except BackendError as exc:
-            self._open_future = None
-            self._counters.error("open", exc.code)
-            if self._backend_error != str(exc):
+            if self._backend_error != f"{exc.code}: {exc}":
                 log.error("backend unavailable", backend=self.backend.name, error=str(exc), code=exc.code)
             self._backend_error = f"{exc.code}: {exc}"
             return False
-        self._open_future = None
-        return True
-
-    def _open_backend(self) -> None:
-        self.backend.open()
-        self._system = self.backend.system_info()
-        count = self.backend.device_count()
-        self._workers = [_GpuWorker(i, self.backend, self._counters, self._monotonic) for i in range(count)]
+        self._count = count
         self._backend_error = None
         log.info("backend open", backend=self.backend.name, gpus=count, driver=self._system.driver_version)
+        return True
 
-    def _await(self, pending: list[Future[_CycleResult]], started: float) -> None:
-        deadline = self.config.call_deadline_seconds
-        give_up_at = started + max(self.config.interval_seconds, deadline)
-        waiting = {w for w in self._workers if w.future in pending}
-        while waiting:
-            now = self._monotonic()
-            in_flight = [(w, w.timer.current()) for w in waiting]
-            next_expiry = min((c[1] + deadline for _, c in in_flight if c is not None), default=now + 0.01)
-            wait(
-                [w.future for w in waiting if w.future is not None],
-                timeout=max(0.0, min(next_expiry, give_up_at) - now),
-                return_when=FIRST_COMPLETED,
-            )
-            now = self._monotonic()
-            for w in list(waiting):
-                if w.future is not None and w.future.done():
-                    self._absorb(w, w.future.result())
-                    waiting.discard(w)
-                    continue
-                current = w.timer.current()
-                if current is not None and now - current[1] >= deadline:
-                    self._mark_stuck(w, current[0], now - current[1])
-                    waiting.discard(w)
-                elif now >= give_up_at:
-                    self._mark_stuck(w, current[0] if current else "cycle", now - started)
-                    waiting.discard(w)
-        # workers left busy from earlier cycles: keep their card marked stuck and count each hung call once
-        for w in self._workers:
-            if w.busy and w.future not in pending:
-                current = w.timer.current()
-                if current is not None:
-                    self._mark_stuck(w, current[0], self._monotonic() - current[1])
+    def _round_one(self, cycles: list[_CardCycle]) -> None:
+        for c in cycles:
+            if c.info is None:
+                c.info_call = self.device.submit(c.index, "device_info")
+            c.sample_call = self.device.submit(c.index, "sample")
+        for c in cycles:
+            try:
+                if c.info_call is not None:
+                    c.info = self._infos[c.index] = c.info_call.result()
+                assert c.sample_call is not None
+                c.sample = c.sample_call.result()
+            except BackendError as exc:
+                c.error = exc
+            except Exception as exc:  # a backend bug must not kill the cycle; report it as data
+                log.exception("backend call raised unexpectedly", gpu=c.index)
+                c.error = BackendError(f"{type(exc).__name__}: {exc}", call="unexpected", code="internal")
 
-    def _mark_stuck(self, w: _GpuWorker, call: str, elapsed: float) -> None:
-        if not w.timer.reported_timeout:
-            w.timer.reported_timeout = True
-            self._counters.timeout(call)
-            log.warning("backend call exceeded its deadline", gpu=w.index, call=call, seconds=round(elapsed, 3))
-        prev = self._gpus.get(w.index) or GpuSnapshot(w.index, w.info, None, (), (), None, False)
-        self._gpus[w.index] = replace(
-            prev,
-            info=prev.info or w.info,
-            fresh=False,
-            error=f"timeout: {call} has not returned after {elapsed:.1f}s "
-            f"(deadline {self.config.call_deadline_seconds:g}s)",
-            error_code="timeout",
-        )
+    def _round_two(self, cycles: list[_CardCycle]) -> None:
+        for c in cycles:
+            if c.error is not None or c.sample is None:
+                continue
+            c.processes_call = self.device.submit(c.index, "processes")
+            if c.sample.mig_mode_current is True:
+                c.mig_call = self.device.submit(c.index, "mig_instances")
+        for c in cycles:
+            if c.processes_call is not None:
+                c.processes = self._part(c, "processes", c.processes_call, ())
+            if c.mig_call is not None:
+                c.mig_instances = self._part(c, "mig_instances", c.mig_call, ())
 
-    def _absorb(self, w: _GpuWorker, result: _CycleResult) -> None:
-        prev = self._gpus.get(w.index)
-        if result.error is None and result.sample is not None:
-            self._gpus[w.index] = GpuSnapshot(
-                index=w.index,
-                info=result.info,
-                sample=result.sample,
-                processes=result.processes,
-                mig_instances=result.mig_instances,
-                sampled_at=result.finished_at,
+    def _part(self, c: _CardCycle, name: str, call: Pending[Any], unknown: Any) -> Any:
+        """A listing that fails leaves that part unknown; one that hangs means the card hangs."""
+        try:
+            return call.result()
+        except (CallTimeoutError, CardHungError) as exc:
+            c.error = c.error or exc
+        except BackendError as exc:
+            c.partial[name] = f"{exc.code}: {exc}"
+        except Exception as exc:
+            log.exception("backend call raised unexpectedly", gpu=c.index, call=name)
+            c.partial[name] = f"internal: {type(exc).__name__}: {exc}"
+        return unknown
+
+    def _absorb(self, c: _CardCycle) -> None:
+        prev = self._gpus.get(c.index)
+        if c.error is None and c.sample is not None:
+            self._gpus[c.index] = GpuSnapshot(
+                index=c.index,
+                info=c.info,
+                sample=c.sample,
+                processes=c.processes,
+                mig_instances=c.mig_instances,
+                sampled_at=self._clock(),
                 fresh=True,
+                partial_errors=MappingProxyType(c.partial),
             )
             if prev is not None and not prev.fresh:
-                log.info("gpu answering again", gpu=w.index)
+                log.info("gpu answering again", gpu=c.index)
+            if c.partial and (prev is None or dict(prev.partial_errors) != c.partial):
+                log.warning("part of a gpu sample is unknown", gpu=c.index, errors=c.partial)
             return
-        err = result.error
-        code = err.code if err else "error"
-        message = f"{code}: {err.call + ': ' if err and err.call else ''}{err}"
-        if prev is None or prev.error != message:
-            log.warning("gpu sample failed", gpu=w.index, error=message)
-        self._gpus[w.index] = GpuSnapshot(
-            index=w.index,
-            info=result.info or (prev.info if prev else None),
-            sample=prev.sample if prev else None,
-            processes=prev.processes if prev else (),
-            mig_instances=prev.mig_instances if prev else (),
-            sampled_at=prev.sampled_at if prev else None,
-            fresh=False,
-            error=message,
-            error_code=code,
-        )
+        err = c.error or BackendError("no sample", code="error")
+        code = "timeout" if isinstance(err, (CallTimeoutError, CardHungError)) else err.code
+        if isinstance(err, CardHungError):
+            message = f"timeout: {err}"
+        elif isinstance(err, CallTimeoutError):
+            message = f"timeout: {err.call} has not returned ({err})"
+        else:
+            message = f"{code}: {err.call + ': ' if err.call else ''}{err}"
+        if prev is None or prev.error_code != code or (code != "timeout" and prev.error != message):
+            log.warning("gpu sample failed", gpu=c.index, error=message)
+        base = prev or GpuSnapshot(c.index, c.info, None, (), (), None, False)
+        self._gpus[c.index] = replace(base, info=c.info or base.info, fresh=False, error=message, error_code=code)
+
+    def _stuck_calls(self) -> tuple[StuckCall, ...]:
+        access = self.device.access
+        now = access.now()
+        return tuple(StuckCall(str(h.scope), h.call, now - h.since) for h in access.hung())
 
     def _publish(self, started: float) -> Snapshot:
         self._seq += 1
@@ -357,18 +290,16 @@ class Sampler:
             interval_seconds=self.config.interval_seconds,
             cycle_seconds=self._monotonic() - started,
             backend_name=self.backend.name,
-            backend_up=bool(self._workers),
+            backend_up=self._count is not None,
             backend_error=self._backend_error,
             system=self._system,
             gpus=tuple(self._gpus[i] for i in sorted(self._gpus)),
-            counters=self._counters.freeze(),
+            counters=self.device.access.counters(),
+            stuck_calls=self._stuck_calls(),
+            subscribers=tuple(self._bus.stats()),
         )
         with self._latest_lock:
             self._latest = snap
         self._first.set()
-        for callback in self._subscribers:
-            try:
-                callback(snap)
-            except Exception:
-                log.exception("snapshot subscriber failed")
+        self._bus.publish(snap)
         return snap

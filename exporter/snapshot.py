@@ -7,9 +7,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+from exporter.bus import SubscriberStats
 
 
 def _empty() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+def _empty_text() -> Mapping[str, str]:
     return MappingProxyType({})
 
 
@@ -26,6 +31,17 @@ class GpuSnapshot:
     fresh: bool  # the last cycle completed without error or timeout
     error: str | None = None  # why it is not fresh, one line
     error_code: str | None = None  # timeout, gpu_lost, reset_required, error, ...
+    # parts of a fresh sample that could not be read (e.g. "processes" -> "no_permission: ..."); they are unknown,
+    # not empty: collectors leave them out instead of reporting zero
+    partial_errors: Mapping[str, str] = field(default_factory=_empty_text)
+
+    @property
+    def processes_known(self) -> bool:
+        return "processes" not in self.partial_errors
+
+    @property
+    def mig_instances_known(self) -> bool:
+        return "mig_instances" not in self.partial_errors
 
     @property
     def uuid(self) -> str:
@@ -42,6 +58,15 @@ class CallCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckCall:
+    """A driver call past its deadline that had not returned when the Snapshot was taken."""
+
+    lane: str  # a card index, "node" or "events"
+    call: str
+    seconds: float  # how long it had been in the driver
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     seq: int
     taken_at: float  # unix time the cycle finished
@@ -53,6 +78,8 @@ class Snapshot:
     system: SystemInfo | None
     gpus: tuple[GpuSnapshot, ...]
     counters: CallCounters
+    stuck_calls: tuple[StuckCall, ...] = ()
+    subscribers: tuple[SubscriberStats, ...] = ()  # as of the previous Snapshot's hand-off
 
     def gpu(self, index: int) -> GpuSnapshot | None:
         return next((g for g in self.gpus if g.index == index), None)

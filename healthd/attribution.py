@@ -37,11 +37,11 @@ class AttributionStack:
         self.kubelet = KubeletPodResources(socket, refresh_interval=settings.refresh_interval_seconds)
         self.attributor = Attributor(ProcResolver(proc_root), pod_index=PodLogIndex(logs_root), kubelet=self.kubelet)
         if self.enabled:
-            if self.sim is not None:
-                sampler.subscribe(self.sim.sync)  # before the attributor: new simulated pids exist when it looks
-            sampler.subscribe(self._attribute)
+            sampler.subscribe(self._attribute, "attribution")
 
     def _attribute(self, snapshot: Snapshot) -> None:
+        if self.sim is not None:
+            self.sim.sync(snapshot)  # first: the new simulated pids exist when the attributor looks
         self.attributor.update(snapshot)
 
     def collectors(self) -> list[Collector]:

@@ -58,7 +58,6 @@ class Node:
         self.attributor = Attributor(
             ProcResolver(self.sim.proc_root), pod_index=PodLogIndex(self.sim.log_root), kubelet=self.kubelet
         )
-        self.sampler.subscribe(self.sim.sync)
         self.sampler.subscribe(self._attribute)
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
@@ -68,12 +67,15 @@ class Node:
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
 
     def _attribute(self, snapshot: Snapshot) -> None:
+        self.sim.sync(snapshot)
         self.attributor.update(snapshot)
 
     def cycle(self) -> Series:
         self.sampler.run_once()  # sim.sync writes new pids, kubelet server sees them
+        assert self.sampler.wait_subscribers()
         self.kubelet.refresh()
         self.sampler.run_once()  # attribution with the fresh allocations
+        assert self.sampler.wait_subscribers()
         return scrape(self.registry)
 
     def close(self) -> None:

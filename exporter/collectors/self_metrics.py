@@ -66,4 +66,32 @@ class SelfCollector:
         for gpu in snapshot.gpus:
             if not gpu.fresh:
                 failing.add_metric([str(gpu.index), gpu.uuid, gpu.error_code or "error"], 1.0)
-        return (build, backend, up, age, cycle, interval, gpus, calls, errors, timeouts, failing)
+        stuck = GaugeMetricFamily(
+            "xpu_driver_call_stuck_seconds",
+            "Driver calls past their deadline that have not returned, by lane (card index, node, events) and call: "
+            "how long each has been in the driver. While one is here, further calls to its lane fail at once.",
+            labels=["lane", "call"],
+        )
+        for stuck_call in snapshot.stuck_calls:
+            stuck.add_metric([stuck_call.lane, stuck_call.call], stuck_call.seconds)
+        skipped = CounterMetricFamily(
+            "xpu_snapshot_subscriber_skipped",
+            "Snapshots a subscriber (probes, attribution, ...) skipped because it was still busy with an older one.",
+            labels=["subscriber"],
+        )
+        sub_failures = CounterMetricFamily(
+            "xpu_snapshot_subscriber_failures", "Snapshot subscriber runs that raised.", labels=["subscriber"]
+        )
+        sub_seconds = GaugeMetricFamily(
+            "xpu_snapshot_subscriber_duration_seconds",
+            "How long the subscriber's last run took.",
+            labels=["subscriber"],
+        )
+        for sub in snapshot.subscribers:
+            skipped.add_metric([sub.name], float(sub.skipped))
+            sub_failures.add_metric([sub.name], float(sub.failures))
+            sub_seconds.add_metric([sub.name], sub.last_seconds)
+        return (
+            build, backend, up, age, cycle, interval, gpus, calls, errors, timeouts, failing,
+            stuck, skipped, sub_failures, sub_seconds,
+        )  # fmt: skip

@@ -43,7 +43,9 @@ class Node:
 
     def tick(self, seconds: float = INTERVAL) -> Snapshot:
         self.clock.advance(seconds)
-        return self.sampler.run_once()
+        snap = self.sampler.run_once()
+        assert self.sampler.wait_subscribers(), "subscribers handled the snapshot"
+        return snap
 
     def close(self) -> None:
         self.backend.clear()
