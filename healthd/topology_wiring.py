@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from exporter.backends.protocol import Backend
+from exporter.backends.guarded import GuardedBackend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors.base import Collector
 from exporter.sampler import Sampler
@@ -63,11 +63,12 @@ def _add_topology(servicer: object, server: object) -> None:
     topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-def build_topology(config: Config, backend: Backend, sampler: Sampler) -> TopologyPart:
+def build_topology(config: Config, device: GuardedBackend, sampler: Sampler) -> TopologyPart:
     settings = config.topology
     if not settings.enabled:
         return TopologyPart(None, [], [], None)
     sysfs_root = settings.sysfs_root
+    backend = device.raw
     if isinstance(backend, SimulatedBackend):
         # simulation only: the scenario's PCIe layout as a sysfs tree, read back by the real code path
         scenario = backend.scenario
@@ -85,12 +86,11 @@ def build_topology(config: Config, backend: Backend, sampler: Sampler) -> Topolo
         settings.label_namespace,
     )
     refresher = TopologyRefresher(
-        backend,
+        device,
         sampler.latest,
         RefresherConfig(
             sysfs_root=str(sysfs_root),
             deadline_seconds=settings.deadline_seconds,
-            call_deadline_seconds=min(config.sampler.call_deadline_seconds * 2, settings.deadline_seconds),
             refresh_seconds=settings.refresh_seconds,
         ),
         on_update=publisher,

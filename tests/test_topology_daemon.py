@@ -70,7 +70,7 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
     backend = SimulatedBackend.from_name("h200x1")
     sampler = Sampler(backend)
     sampler.run_once()
-    part = build_topology(config, backend, sampler)
+    part = build_topology(config, sampler.device, sampler)
     assert part.refresher is not None
     t = part.refresher.refresh()
     assert t is not None

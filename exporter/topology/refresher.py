@@ -1,26 +1,26 @@
 """Collect the topology off the request path, with deadlines, and keep the last good one.
 
 Topology changes only with a reboot or hotplug, so it is read at start and then rarely (``refresh_seconds``). The
-NVLink reads go through the backend, one worker per GPU: the real H200 hung for more than 100 s in an NVML topology
-call, so each card's read has a deadline; a card whose read does not return gets unknown NVLink peers and a warning,
-and no new read is started on it until the old one returns. The whole collection runs on its own worker with an
-overall deadline; requests and scrapes only ever read the cached result.
+NVLink reads go through the device-access layer (one lane per card, a deadline on each call): the real H200 hung
+for more than 100 s in an NVML topology call. A card whose read does not return, or whose lane is stuck in another
+call, gets unknown NVLink peers and a warning. The whole collection runs on its own thread with an overall deadline;
+requests and scrapes only ever read the cached result.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
 from exporter.backends.errors import BackendError
-from exporter.backends.protocol import Backend
+from exporter.backends.guarded import CallTimeoutError, CardHungError, GuardedBackend, Pending
 from exporter.backends.types import UNSUPPORTED
 from exporter.snapshot import Snapshot
 from exporter.topology.discover import GpuIdentity, read_topology
@@ -34,8 +34,7 @@ RETRY_SECONDS = 10.0  # until a topology with every card exists
 @dataclass(frozen=True, slots=True)
 class RefresherConfig:
     sysfs_root: str = "/sys"
-    deadline_seconds: float = 10.0  # whole collection
-    call_deadline_seconds: float = 5.0  # one card's NVLink read
+    deadline_seconds: float = 10.0  # whole collection (each NVLink read has the device layer's read deadline)
     refresh_seconds: float = 3600.0
 
 
@@ -51,14 +50,14 @@ class RefreshStatus:
 class TopologyRefresher:
     def __init__(
         self,
-        backend: Backend,
+        device: GuardedBackend,
         snapshot: Callable[[], Snapshot | None],
         config: RefresherConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
         on_update: Callable[[Topology], None] | None = None,
     ) -> None:
-        self._backend = backend
+        self._device = device
         self._snapshot = snapshot
         self.config = config or RefresherConfig()
         self._clock = clock
@@ -68,10 +67,7 @@ class TopologyRefresher:
         self._attempts = self._failures = self._timeouts = 0
         self._last_error: str | None = None
         self._last_success: float | None = None
-        self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topology")
         self._collecting: Future[Topology] | None = None
-        self._gpu_pools: dict[int, ThreadPoolExecutor] = {}
-        self._gpu_calls: dict[int, Future[tuple[str, ...] | None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -94,7 +90,7 @@ class TopologyRefresher:
             self._attempts += 1
             if self._collecting is None or self._collecting.done():
                 missing = tuple(g.index for g in snap.gpus if g.info is None)
-                self._collecting = self._collector.submit(self._collect, identities, missing)
+                self._collecting = self._start_collection(identities, missing)
             future = self._collecting
         try:
             topology = future.result(timeout=self.config.deadline_seconds)
@@ -127,9 +123,6 @@ class TopologyRefresher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._collector.shutdown(wait=False, cancel_futures=True)
-        for pool in self._gpu_pools.values():
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self, first_wait: Callable[[float], bool] | None) -> None:
         if first_wait is not None:
@@ -149,44 +142,44 @@ class TopologyRefresher:
         if changed:
             log.warning("topology not collected", error=message)
 
-    def _collect(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...] = ()) -> Topology:
-        started = time.monotonic()
-        warnings = [f"GPU {i}: inventory not known yet (driver calls not answered); left out" for i in missing]
-        futures: dict[int, Future[tuple[str, ...] | None]] = {}
-        for ident in identities:
-            previous = self._gpu_calls.get(ident.index)
-            if previous is not None and not previous.done():
-                # give a stuck read the rest of this collection's call deadline to come back, then start no new one
-                remaining = self.config.call_deadline_seconds - (time.monotonic() - started)
-                with contextlib.suppress(Exception):
-                    previous.result(timeout=max(remaining, 0.0))
-                if not previous.done():
-                    warnings.append(f"GPU {ident.index}: an earlier NVLink read has still not returned; peers unknown")
-                    continue
-            pool = self._gpu_pools.setdefault(
-                ident.index, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"topology-gpu{ident.index}")
-            )
-            futures[ident.index] = self._gpu_calls[ident.index] = pool.submit(self._peers, ident.index)
-        peers: dict[int, tuple[str, ...] | None] = {}
-        for index, future in futures.items():
-            remaining = self.config.call_deadline_seconds - (time.monotonic() - started)
+    def _start_collection(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...]) -> Future[Topology]:
+        """One collection on its own (daemon) thread: a stuck sysfs read must not hold up the daemon's exit."""
+        future: Future[Topology] = Future()
+
+        def collect() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
             try:
-                peers[index] = future.result(timeout=max(remaining, 0.0))
-            except FutureTimeout:
-                warnings.append(
-                    f"GPU {index}: nvlink_peers did not return within {self.config.call_deadline_seconds:g}s; "
-                    "peers unknown"
-                )
+                future.set_result(self._collect(identities, missing))
+            except BaseException as exc:  # handed to refresh(), which reports it
+                future.set_exception(exc)
+
+        threading.Thread(target=collect, name="topology-collect", daemon=True).start()
+        return future
+
+    def _collect(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...] = ()) -> Topology:
+        warnings = [f"GPU {i}: inventory not known yet (driver calls not answered); left out" for i in missing]
+        reads: dict[int, Pending[Any]] = {
+            ident.index: self._device.submit(ident.index, "nvlink_peers") for ident in identities
+        }
+        peers: dict[int, tuple[str, ...] | None] = {}
+        for index, read in reads.items():
+            try:
+                result = read.result()
+            except CardHungError as exc:
+                warnings.append(f"GPU {index}: not answering ({exc.stuck_call} stuck); NVLink peers unknown")
+                continue
+            except CallTimeoutError as exc:
+                warnings.append(f"GPU {index}: nvlink_peers did not return ({exc}); peers unknown")
+                continue
             except BackendError as exc:
                 warnings.append(f"GPU {index}: nvlink_peers failed: {exc}")
+                continue
+            peers[index] = None if result is UNSUPPORTED else tuple(result)
         topology = read_topology(Sysfs(self.config.sysfs_root), identities, peers, collected_at=self._clock())
         if warnings:
             topology = replace(topology, warnings=(*warnings, *topology.warnings))
         return topology
-
-    def _peers(self, index: int) -> tuple[str, ...] | None:
-        result = self._backend.nvlink_peers(index)
-        return None if result is UNSUPPORTED else result
 
 
 def _identities(snap: Snapshot | None) -> tuple[GpuIdentity, ...] | None:
