@@ -23,6 +23,12 @@ The engine is synchronous and thread-safe: ``report()``/``event()`` (the probe r
 ``accept_*`` forms also return the records written) return after the journal commit (one fsync),
 so whatever they accepted survives a kill -9. Listeners are called after each commit with the last sequence
 number; the asyncio side turns that into wakeups (see notify.py).
+
+Two locks keep readers off the disk: writers take ``_commit_lock`` (one batch at a time, so sequence numbers stay
+in order), work out their changes under the short ``_state`` lock, and write the journal with only the commit lock
+held. Readers (GetNodeHealth on the event loop, metrics scrapes) take only ``_state`` and see the faults as of the
+last successful commit, never a change that is not on disk yet. An active condition's ``last_seen`` is stored at
+most once per ``dedup_window_seconds``: after a crash it may be that much older, and nothing else is lost.
 """
 
 from __future__ import annotations
@@ -83,19 +89,23 @@ class FaultEngine:
         self._targets = tuple(hook_targets)
         self._hook_min = hook_min_action
         self._clock = clock
-        self._lock = threading.RLock()
+        self._state = threading.RLock()  # in-memory state; never held across journal I/O
+        self._commit_lock = threading.Lock()  # one batch of changes at a time, in sequence order
         self._listeners: list[Callable[[int], None]] = []
         self._active: dict[str, Fault] = {}  # identity -> active fault
         self._recently_resolved: dict[str, Fault] = {}  # identity -> last resolved fault (for reopening)
         self._pending: dict[str, _Pending] = {}  # condition identities not yet confirmed
         self._clear_streak: dict[str, int] = {}  # active condition identity -> clean known evaluations
         self._last_record_at: dict[str, float] = {}  # fault id -> when it last got a record
+        self._stored_at: dict[str, float] = {}  # fault id -> when its state was last written (record or touch)
+        self._committed: tuple[Fault, ...] = ()  # active faults as of the last commit: what readers see
         self._fatal_boots: dict[tuple[str, str], int] = {}  # (identity, boot) -> boots seen, once per boot
         self._checks: dict[tuple[str, str], CheckState] = {}  # (check, gpu uuid or "") -> latest result
         self._xid_counts: dict[tuple[str, str, str], int] = {}  # (gpu index, uuid, xid) -> events since start
         self._last_prune = 0.0
         for fault in journal.active_faults():
             self._active[fault.identity] = fault
+        self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
         self._resolve_after_reboot()
 
     # -- the sink the probes call ------------------------------------------------------------------------------
@@ -111,55 +121,65 @@ class FaultEngine:
     def accept_report(self, report: ProbeReport) -> list[FaultRecord]:
         """One evaluation of one check: condition findings plus the per-GPU status; returns the records written."""
         now = self._clock()
-        with self._lock:
-            for result in report.results:
-                self._checks[(result.check, _uuid(result.gpu))] = CheckState(result, now)
-            changes: list[Change] = []
-            touched: list[Fault] = []
-            seen: dict[str, Finding] = {}
-            for finding in report.findings:
-                if finding.kind == "event":
-                    self._on_event(finding, now, changes, touched)
-                else:
-                    seen.setdefault(identity_of(finding.check, finding.code, finding.gpu), finding)
-            for identity, finding in seen.items():
-                self._on_condition_seen(identity, finding, now, changes, touched)
-            known = _known_scopes(report.results)
-            for identity, pending in list(self._pending.items()):
-                check_matches = pending.finding.check == report.check and identity not in seen
-                if check_matches and _scope_known(pending.finding.gpu, known):
-                    del self._pending[identity]
-            for identity, fault in list(self._active.items()):
-                if fault.check != report.check or fault.kind == "event" or identity in seen:
-                    continue
-                if not _scope_known(fault.gpu, known):
-                    continue  # stale or missing data: neither worse nor better
-                streak = self._clear_streak.get(identity, 0) + 1
-                self._clear_streak[identity] = streak
-                if streak >= self._s.resolve_after_evaluations:
-                    changes.append(self._resolve(fault, now, "condition cleared"))
+        with self._commit_lock:
+            self._learn_fatal_boots(report.findings, now)
+            with self._state:
+                changes, touched = self._evaluate_report(report, now)
             return self._commit(changes, now, touched)
+
+    def _evaluate_report(self, report: ProbeReport, now: float) -> tuple[list[Change], list[Fault]]:
+        """The report's changes to the in-memory state (the caller holds both locks)."""
+        for result in report.results:
+            self._checks[(result.check, _uuid(result.gpu))] = CheckState(result, now)
+        changes: list[Change] = []
+        touched: list[Fault] = []
+        seen: dict[str, Finding] = {}
+        for finding in report.findings:
+            if finding.kind == "event":
+                self._on_event(finding, now, changes, touched)
+            else:
+                seen.setdefault(identity_of(finding.check, finding.code, finding.gpu), finding)
+        for identity, finding in seen.items():
+            self._on_condition_seen(identity, finding, now, changes, touched)
+        known = _known_scopes(report.results)
+        for identity, pending in list(self._pending.items()):
+            check_matches = pending.finding.check == report.check and identity not in seen
+            if check_matches and _scope_known(pending.finding.gpu, known):
+                del self._pending[identity]
+        for identity, fault in list(self._active.items()):
+            if fault.check != report.check or fault.kind == "event" or identity in seen:
+                continue
+            if not _scope_known(fault.gpu, known):
+                continue  # stale or missing data: neither worse nor better
+            streak = self._clear_streak.get(identity, 0) + 1
+            self._clear_streak[identity] = streak
+            if streak >= self._s.resolve_after_evaluations:
+                changes.append(self._resolve(fault, now, "condition cleared"))
+        return changes, touched
 
     def accept_event(self, finding: Finding) -> list[FaultRecord]:
         """A one-off finding (an XID line, an ECC event); returns the records written."""
         now = self._clock()
-        with self._lock:
+        with self._commit_lock:
+            self._learn_fatal_boots((finding,), now)
             changes: list[Change] = []
             touched: list[Fault] = []
-            self._on_event(finding, now, changes, touched)
+            with self._state:
+                self._on_event(finding, now, changes, touched)
             return self._commit(changes, now, touched)
 
     def tick(self) -> list[FaultRecord]:
         """Time-driven work: quiet event faults resolve, and retention runs now and then."""
         now = self._clock()
-        with self._lock:
-            changes = [
-                self._resolve(f, now, f"no repeat for {self._s.event_quiet_seconds:g}s")
-                for f in list(self._active.values())
-                if f.kind == "event"
-                and f.action < Action.RESET_GPU
-                and now - f.last_seen >= self._s.event_quiet_seconds
-            ]
+        with self._commit_lock:
+            with self._state:
+                changes = [
+                    self._resolve(f, now, f"no repeat for {self._s.event_quiet_seconds:g}s")
+                    for f in list(self._active.values())
+                    if f.kind == "event"
+                    and f.action < Action.RESET_GPU
+                    and now - f.last_seen >= self._s.event_quiet_seconds
+                ]
             records = self._commit(changes, now, ())
             if now - self._last_prune >= PRUNE_EVERY_SECONDS:
                 self._last_prune = now
@@ -171,19 +191,20 @@ class FaultEngine:
     # -- state for the health view and metrics -----------------------------------------------------------------
 
     def add_listener(self, callback: Callable[[int], None]) -> None:
-        with self._lock:
+        with self._state:
             self._listeners.append(callback)
 
     def active_faults(self) -> list[Fault]:
-        with self._lock:
-            return sorted(self._active.values(), key=lambda f: f.opened_seq)
+        """The active faults as of the last journal commit (never one that is not on disk yet)."""
+        with self._state:
+            return list(self._committed)
 
     def check_states(self) -> list[CheckState]:
-        with self._lock:
+        with self._state:
             return list(self._checks.values())
 
     def xid_counts(self) -> Mapping[tuple[str, str, str], int]:
-        with self._lock:
+        with self._state:
             return dict(self._xid_counts)
 
     @property
@@ -246,10 +267,23 @@ class FaultEngine:
     def _note_fatal_boot(self, identity: str, now: float) -> int:
         key = (identity, self.boot_id)
         boots = self._fatal_boots.get(key)
-        if boots is None:
+        if boots is None:  # normally learnt before the state lock was taken (_learn_fatal_boots)
             boots = self._journal.note_fatal_boot(identity, self.boot_id, now, self._s.escalation_window_seconds)
             self._fatal_boots[key] = boots
         return boots
+
+    def _learn_fatal_boots(self, findings: Iterable[Finding], now: float) -> None:
+        """Note this boot for each new fatal identity: journal I/O done before the state lock, not under it."""
+        if self._s.escalation_reboots <= 0:
+            return
+        for finding in findings:
+            if finding.severity < Severity.FATAL:
+                continue
+            key = (identity_of(finding.check, finding.code, finding.gpu), self.boot_id)
+            if key not in self._fatal_boots:
+                self._fatal_boots[key] = self._journal.note_fatal_boot(
+                    key[0], self.boot_id, now, self._s.escalation_window_seconds
+                )
 
     def _open(self, finding: Finding, action: Action, now: float, changes: list[Change], *, escalated: bool) -> None:
         evidence = dict(finding.evidence)
@@ -321,7 +355,9 @@ class FaultEngine:
             changes.append(self._change(RecordKind.UPDATED, updated, "worse" if worse else "repeated"))
         else:
             self._active[fault.identity] = updated
-            touched.append(updated)
+            stored = max(last, self._stored_at.get(fault.id, 0.0))
+            if repeat or now - stored >= self._s.dedup_window_seconds:
+                touched.append(updated)
 
     def _resolve(self, fault: Fault, now: float, reason: str) -> Change:
         resolved = replace(fault, state=FaultState.RESOLVED, resolved_at=now, resolve_reason=reason)
@@ -343,6 +379,7 @@ class FaultEngine:
         return Change(kind, fault, detail, targets)
 
     def _commit(self, changes: list[Change], now: float, touched: Iterable[Fault]) -> list[FaultRecord]:
+        """Write the batch (the caller holds ``_commit_lock``, not ``_state``), then publish it to readers."""
         touched = [t for t in touched if all(c.fault.id != t.id for c in changes)]
         if not changes and not touched:
             return []
@@ -350,38 +387,49 @@ class FaultEngine:
             records = self._journal.commit(changes, now, touched=touched)
         except Exception:
             # the in-memory view ran ahead of the journal: reload it so nothing unjournaled is believed
-            self._reload()
+            active = self._journal.active_faults()
+            with self._state:
+                self._reload(active)
             raise
-        for record in records:
-            if record.fault.active:
-                self._last_record_at[record.fault.id] = record.at
-            else:
-                self._last_record_at.pop(record.fault.id, None)
-            if record.fault.active:
-                self._active[record.fault.identity] = record.fault
-            elif self._recently_resolved.get(record.fault.identity, record.fault).id == record.fault.id:
-                self._recently_resolved[record.fault.identity] = record.fault
+        with self._state:
+            for fault in touched:
+                self._stored_at[fault.id] = now
+            for record in records:
+                if record.fault.active:
+                    self._last_record_at[record.fault.id] = record.at
+                    self._stored_at[record.fault.id] = record.at
+                else:
+                    self._last_record_at.pop(record.fault.id, None)
+                    self._stored_at.pop(record.fault.id, None)
+                if record.fault.active:
+                    self._active[record.fault.identity] = record.fault
+                elif self._recently_resolved.get(record.fault.identity, record.fault).id == record.fault.id:
+                    self._recently_resolved[record.fault.identity] = record.fault
+            self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
+            listeners = list(self._listeners)
         if records:
-            for listener in list(self._listeners):
+            for listener in listeners:
                 listener(records[-1].seq)
         return records
 
-    def _reload(self) -> None:
-        self._active = {f.identity: f for f in self._journal.active_faults()}
+    def _reload(self, active: Sequence[Fault]) -> None:
+        self._active = {f.identity: f for f in active}
+        self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
         self._pending.clear()
         self._clear_streak.clear()
 
     def _resolve_after_reboot(self) -> None:
         now = self._clock()
-        with self._lock:
-            changes = [
-                self._resolve(f, now, f"node rebooted since (boot {f.boot_id[:8]} -> {self.boot_id[:8]})")
-                for f in list(self._active.values())
-                if f.kind == "event"
-                and Action.RESET_GPU <= f.action <= Action.REBOOT_NODE
-                and f.boot_id != self.boot_id
-                and self.boot_id != "unknown"
-            ]
+        with self._commit_lock:
+            with self._state:
+                changes = [
+                    self._resolve(f, now, f"node rebooted since (boot {f.boot_id[:8]} -> {self.boot_id[:8]})")
+                    for f in list(self._active.values())
+                    if f.kind == "event"
+                    and Action.RESET_GPU <= f.action <= Action.REBOOT_NODE
+                    and f.boot_id != self.boot_id
+                    and self.boot_id != "unknown"
+                ]
             self._commit(changes, now, ())
 
 

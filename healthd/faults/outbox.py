@@ -12,7 +12,8 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -22,6 +23,7 @@ from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
 
+T = TypeVar("T")
 log = structlog.get_logger("hook")
 
 IDLE_RECHECK_SECONDS = 60.0
@@ -39,6 +41,7 @@ class HookDispatcher:
         journal: Journal,
         settings: HookSettings,
         signal: CommitSignal,
+        journal_io: Executor,
         *,
         node_name: str,
         clock: Callable[[], float] = time.time,
@@ -47,6 +50,7 @@ class HookDispatcher:
         self._journal = journal
         self._s = settings
         self._signal = signal
+        self._io = journal_io
         self._node = node_name
         self._clock = clock
         self._rng = rng or random.Random()
@@ -54,6 +58,9 @@ class HookDispatcher:
         self.failures: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
         self.delivered: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
         self.depth: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
+
+    async def _journal_call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
     def start(self) -> None:
         for target in self._s.endpoints:
@@ -81,8 +88,8 @@ class HookDispatcher:
 
     async def _step(self, target: str, stub: Any) -> None:
         seen = self._signal.seq
-        item = await asyncio.to_thread(self._journal.outbox_head, target)
-        depth = await asyncio.to_thread(self._journal.outbox_depth)
+        item = await self._journal_call(self._journal.outbox_head, target)
+        depth = await self._journal_call(self._journal.outbox_depth)
         self.depth[target] = depth.get(target, 0)
         if item is None:
             try:
@@ -104,12 +111,12 @@ class HookDispatcher:
                 item.attempts, self._s.backoff_initial_seconds, self._s.backoff_max_seconds, self._rng
             )
             error = f"{exc.code().name}: {exc.details()}"
-            await asyncio.to_thread(self._journal.outbox_failed, target, item.seq, self._clock() + delay, error)
+            await self._journal_call(self._journal.outbox_failed, target, item.seq, self._clock() + delay, error)
             log.warning(
                 "hook delivery failed", target=target, fault_id=item.fault_id, attempt=item.attempts + 1,
                 retry_in=round(delay, 3), error=error,
             )  # fmt: skip
             return
-        await asyncio.to_thread(self._journal.outbox_delivered, target, item.seq, self._clock())
+        await self._journal_call(self._journal.outbox_delivered, target, item.seq, self._clock())
         self.delivered[target] = self.delivered.get(target, 0) + 1
         log.info("hook delivered", target=target, fault_id=item.fault_id, seq=item.seq, outcome=ack.outcome)

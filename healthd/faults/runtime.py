@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import structlog
 
+from exporter.executor import SerialExecutor
 from healthd.config import FaultsSettings, HookSettings
 from healthd.faults.engine import FaultEngine, read_boot_id
 from healthd.faults.journal import Journal
@@ -48,10 +49,11 @@ class FaultRuntime:
         )
         self.signal = CommitSignal(journal.last_seq)
         self.engine.add_listener(self.signal.notify)
+        self.io = SerialExecutor("journal-io")  # journal reads, outbox updates and the engine tick, off the loop
         self.dispatcher = HookDispatcher(
-            journal, hook, self.signal, node_name=hook.node_name or socket.gethostname(), clock=clock
+            journal, hook, self.signal, self.io, node_name=hook.node_name or socket.gethostname(), clock=clock
         )
-        self.service = HealthService(self.engine, self.signal)
+        self.service = HealthService(self.engine, self.signal, self.io)
         self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
         self._ticker: asyncio.Task[None] | None = None
 
@@ -60,18 +62,26 @@ class FaultRuntime:
         self.dispatcher.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="fault engine tick")
 
-    async def stop(self) -> None:
+    async def stop(self, flush_seconds: float = 5.0) -> None:
+        """Stop delivering and ticking, let queued journal work finish (at most ``flush_seconds``), close the
+        journal."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         await self.dispatcher.stop()
-        await asyncio.to_thread(self.journal.close)
+        # after what is queued; the journal's own lock waits out a commit that is in flight on another thread
+        closed = asyncio.wrap_future(self.io.submit(self.journal.close))
+        done, _ = await asyncio.wait({closed}, timeout=flush_seconds)
+        self.io.shutdown(wait=False)
+        if not done:
+            log.warning("journal work still running at stop; left to finish", seconds=flush_seconds)
 
     async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                await asyncio.to_thread(self.engine.tick)
+                await loop.run_in_executor(self.io, self.engine.tick)
             except Exception:
                 log.exception("fault engine tick failed")
             await asyncio.sleep(TICK_SECONDS)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 import grpc
 
@@ -16,6 +17,7 @@ from healthd.faults.fault import FaultFilter, FaultState
 from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
 
+T = TypeVar("T")
 SERVICE_NAME = "xpu.runtime.v1.Health"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
@@ -67,10 +69,16 @@ def parse_filter(request: Any) -> FaultFilter:
 
 
 class HealthService(pb_grpc.HealthServicer):
-    def __init__(self, engine: FaultEngine, signal: CommitSignal) -> None:
+    """GetNodeHealth answers from memory; journal reads run on the journal's own executor, never on the loop."""
+
+    def __init__(self, engine: FaultEngine, signal: CommitSignal, journal_io: Executor) -> None:
         self._engine = engine
         self._journal = engine.journal
         self._signal = signal
+        self._io = journal_io
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
     async def GetNodeHealth(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         checks = sorted(
@@ -90,7 +98,7 @@ class HealthService(pb_grpc.HealthServicer):
         except FilterError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         last_seq = self._journal.last_seq
-        faults = await asyncio.to_thread(self._journal.list_faults, flt)
+        faults = await self._read(self._journal.list_faults, flt)
         return pb.ListFaultsResponse(faults=[fault_pb(f) for f in faults], last_seq=last_seq)
 
     async def WatchFaults(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
@@ -101,9 +109,9 @@ class HealthService(pb_grpc.HealthServicer):
                 f"after_seq {last} is beyond the journal (last seq {self._journal.last_seq}); was the state reset?",
             )
         while True:
-            records = await asyncio.to_thread(self._journal.records_after, last, REPLAY_BATCH)
+            records = await self._read(self._journal.records_after, last, REPLAY_BATCH)
             if not records:
-                first = await asyncio.to_thread(self._journal.first_retained_seq)
+                first = await self._read(self._journal.first_retained_seq)
                 if first > last + 1 and self._journal.last_seq >= first - 1 > last:
                     yield pb.WatchFaultsResponse(gap=pb.Gap(from_seq=last + 1, to_seq=first - 1))
                     last = first - 1
