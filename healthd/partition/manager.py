@@ -2,6 +2,12 @@
 
 Every change follows intent -> action -> result: the row is committed as ``creating``/``deleting`` before the GPU
 or MPS is touched, so a restart after kill -9 can finish or undo what was in flight (``recover``).
+
+Nothing here blocks the event loop: driver calls are awaited through the device-access layer (a hung card answers
+UNAVAILABLE at once, naming the card), SQLite and the CDI file are written on the store's own executor, MPS control
+and owner checks run on another. A create runs to its end even when its caller goes away (its client's deadline
+passed): it is finished or rolled back, never left half-done. Reconcile passes run card by card, so a hung or
+failing card is counted and skipped while every other card's leases and owners are still reclaimed.
 """
 
 from __future__ import annotations
@@ -10,18 +16,23 @@ import asyncio
 import hashlib
 import secrets
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
-from exporter.backends.errors import BackendError, InsufficientResourcesError, InUseError
+from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
+from exporter.executor import SerialExecutor
+from exporter.snapshot import Snapshot
 from healthd.partition import planner
+from healthd.partition.capacity import MIB, CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
+from healthd.partition.device_calls import MigInUseError, compute_slices, driver, find_instance, placement_of
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, not_found, precondition, unavailable
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
@@ -30,9 +41,10 @@ from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
 from healthd.partition.store import Store
 
+__all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View"]
+
 log = structlog.get_logger("partition")
 T = TypeVar("T")
-MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +52,8 @@ class ManagerSettings:
     lease_default_seconds: float = 300.0
     lease_max_seconds: float = 86400.0
     owner_grace_seconds: float = 60.0  # a partition is not reclaimed before its container had time to start
-    backend_deadline_seconds: float = 10.0
     destroy_retry_seconds: float = 5.0  # how long a delete retries a MIG instance still in use
+    creating_timeout_seconds: float = 60.0  # a row still 'creating' this long with no create running is recovered
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,28 +70,6 @@ class CreateRequest:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-@dataclass(frozen=True, slots=True)
-class CardCapacity:
-    gpu: int
-    gpu_uuid: str
-    mode: CardMode
-    partitions: int
-    compute_percent_allocated: int
-    memory_allocated_mib: int
-    memory_total_mib: int
-    mig_memory_slices_free: int
-    foreign: tuple[MigInstance, ...]
-    hardware_mig: bool
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """An immutable picture for metrics and reads."""
-
-    partitions: tuple[PartitionRecord, ...]
-    cards: tuple[CardCapacity, ...]
-
-
 def new_partition_id() -> str:
     return "p-" + secrets.token_hex(6)
 
@@ -87,7 +77,7 @@ def new_partition_id() -> str:
 class PartitionManager:
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | GuardedBackend,
         store: Store,
         mps: MpsSupervisor,
         cdi: CdiWriter,
@@ -98,8 +88,12 @@ class PartitionManager:
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
         order_any: planner.CardOrder = planner.pick_card,
+        snapshot: Callable[[], Snapshot | None] = lambda: None,
     ) -> None:
-        self.backend = backend
+        if isinstance(backend, GuardedBackend):
+            self.device, self._owns_device = backend, False
+        else:
+            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, DeadlineSettings())), True
         self.store = store
         self.mps = mps
         self.cdi = cdi
@@ -109,6 +103,9 @@ class PartitionManager:
         self.clock = clock
         self._new_id = new_id
         self._proc_root = proc_root
+        self._snapshot = snapshot
+        self._store_io = SerialExecutor("partition-store")  # SQLite and the CDI file
+        self._host_io = SerialExecutor("partition-host")  # MPS control daemons, owner checks (/proc, cgroups)
         self._infos: list[DeviceInfo] = []
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._hw_mig: dict[int, bool] = {}
@@ -117,45 +114,89 @@ class PartitionManager:
         self._records: dict[str, PartitionRecord] = {}
         self._card_locks: dict[int, asyncio.Lock] = {}
         self._request_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, callers holding it)
+        self._creating: set[str] = set()  # partition ids whose create is running now
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.reclaimed_total = 0
+        self.reconcile_failures: Counter[str] = Counter()  # "gpu N" or "mps" -> passes that failed there
         self._view = View(partitions=(), cards=())
 
-    # ----- start and recovery ------------------------------------------------------------------------------
+    # ----- start, recovery and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Learn the cards, then make stored state, MPS daemons and MIG instances agree again."""
-        count = await self._call(self.backend.device_count)
-        self._infos = [await self._call(self.backend.device_info, i) for i in range(count)]
+        count = await driver(self.device.aio.device_count())
+        self._infos = [await driver(self.device.aio.device_info(i)) for i in range(count)]
         self._card_locks = {i: asyncio.Lock() for i in range(count)}
-        stored_modes = self.store.card_modes()
+        stored_modes = await self._store(self.store.card_modes)
         self._modes = {info.index: stored_modes.get(info.uuid, CardMode.NONE) for info in self._infos}
-        self._records = {r.id: r for r in self.store.all()}
+        self._records = {r.id: r for r in await self._store(self.store.all)}
         for info in self._infos:
-            await self._refresh_hardware(info.index)
+            try:
+                await self._refresh_hardware(info.index)
+            except PartitionError as exc:
+                log.warning("cannot read card", gpu=info.index, error=exc.message)
+                self._hw_mig.setdefault(info.index, False)
+                self._profiles.setdefault(info.index, ())
+                self._foreign.setdefault(info.index, ())
         for record in list(self._records.values()):
-            await self._recover(record)
-        self._write_cdi()
+            try:
+                await self._recover(record)
+            except PartitionError as exc:  # a hung card: its rows wait for the reconciler
+                log.error("cannot recover partition yet", partition=record.id, gpu=record.gpu, error=exc.message)
+        await self._write_cdi()
         self._publish()
         log.info("partitions ready", partitions=len(self._records), mps=self.mps.control.name)
 
+    async def settle(self, grace_seconds: float) -> bool:
+        """Wait (at most ``grace_seconds``) for creates still running, also those whose caller went away."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace_seconds)
+        return not self._tasks
+
+    async def close(self, grace_seconds: float = 2.0) -> None:
+        """Give running creates ``grace_seconds`` to finish, close the store after its queued writes, stop the
+        executors (their threads are daemons: a stuck one never holds up the process's exit)."""
+        await self.settle(grace_seconds)
+        closed = asyncio.wrap_future(self._store_io.submit(self.store.close))
+        await asyncio.wait({closed}, timeout=grace_seconds)
+        self._store_io.shutdown(wait=False)
+        self._host_io.shutdown(wait=False)
+        if self._owns_device:
+            self.device.access.shutdown(0.0)
+
     async def _refresh_hardware(self, gpu: int) -> None:
-        try:
-            sample = await self._call(self.backend.sample, gpu)
-            self._hw_mig[gpu] = sample.mig_mode_current is True
-            self._profiles[gpu] = await self._call(self.backend.mig_profiles, gpu) if self._hw_mig[gpu] else ()
-        except PartitionError as exc:
-            log.warning("cannot read card", gpu=gpu, error=exc.message)
-            self._hw_mig.setdefault(gpu, False)
-            self._profiles.setdefault(gpu, ())
-        if self._hw_mig[gpu]:
+        """MIG mode from the latest sample of the card (or one read when there is none), then its profiles."""
+        hung = self.device.access.hung_cards().get(gpu)
+        if hung is not None:
+            raise unavailable(f"GPU {gpu} is not answering: {hung.describe(self.device.access.now())}")
+        snap = self._snapshot()
+        card = snap.gpu(gpu) if snap is not None else None
+        if card is not None and card.fresh and card.sample is not None:
+            mig_on = card.sample.mig_mode_current is True
+        elif card is not None and card.info is not None and not card.fresh:
+            raise unavailable(f"GPU {gpu} cannot be read: {card.error or 'no fresh sample'}")
+        else:
+            mig_on = (await driver(self.device.aio.sample(gpu))).mig_mode_current is True
+        if mig_on and not self._profiles.get(gpu):
+            self._profiles[gpu] = await driver(self.device.aio.mig_profiles(gpu))
+        elif not mig_on:
+            self._profiles[gpu] = ()
+        self._hw_mig[gpu] = mig_on
+        if mig_on:
             await self._refresh_foreign(gpu)
         else:
             self._foreign[gpu] = ()
 
     async def _refresh_foreign(self, gpu: int) -> tuple[MigInstance, ...]:
-        instances = await self._call(self.backend.mig_instances, gpu)
+        instances = await driver(self.device.aio.mig_instances(gpu))
         ours = {r.mig.gpu_instance_id for r in self._records.values() if r.gpu == gpu and r.mig and r.mig.uuid}
-        foreign = tuple(i for i in instances if i.gpu_instance_id not in ours)
+        pending = [r.mig for r in self._records.values() if r.gpu == gpu and r.mig and not r.mig.uuid]
+        foreign = tuple(
+            i
+            for i in instances
+            if i.gpu_instance_id not in ours
+            and not any(p.profile_id == i.profile_id and p.placement_start == i.placement_start for p in pending)
+        )
         if foreign != self._foreign.get(gpu, ()):
             for inst in foreign:
                 log.warning(
@@ -170,32 +211,33 @@ class PartitionManager:
         return instances
 
     async def _recover(self, record: PartitionRecord) -> None:
+        """Finish or undo a row after a restart, or a create that did not finish in time."""
         gpu = record.gpu
         if gpu >= len(self._infos) or self._infos[gpu].uuid != record.gpu_uuid:
             log.error("partition's card is gone; dropping it", partition=record.id, gpu_uuid=record.gpu_uuid)
-            self._forget(record.id)
+            await self._forget(record.id)
             return
         if record.state is State.DELETING:
             await self._teardown(record, retry_s=0.0, raise_in_use=False)
             return
         if record.mode is CardMode.TDM:
             try:
-                await asyncio.to_thread(self.mps.ensure, self._mps_spec(record))
+                await self._host(self.mps.ensure, self._mps_spec(record))
             except MpsError as exc:
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
-                self._save(replace(record, state=State.READY))
+                await self._save(replace(record, state=State.READY))
             return
-        # MIG: adopt our instance, or drop the row if the instance is gone (or was never made)
+        # MIG: adopt our instance (also one whose create passed its deadline), or drop the row if there is none
         assert record.mig is not None
-        instances = await self._call(self.backend.mig_instances, gpu) if self._hw_mig.get(gpu) else ()
+        instances = await driver(self.device.aio.mig_instances(gpu)) if self._hw_mig.get(gpu) else ()
         claimed = {r.mig.gpu_instance_id for r in self._records.values() if r.id != record.id and r.mig and r.mig.uuid}
-        match = _find_instance(instances, record.mig, claimed)
+        match = find_instance(instances, record.mig, claimed)
         if match is None:
             log.error("MIG instance of partition is gone; dropping it", partition=record.id, gpu=gpu)
-            self._forget(record.id)
+            await self._forget(record.id)
             return
-        self._save(replace(record, state=State.READY, mig=_placement_of(match)))
+        await self._save(replace(record, state=State.READY, mig=placement_of(match)))
         log.info("adopted MIG instance", partition=record.id, gpu=gpu, gpu_instance_id=match.gpu_instance_id)
         await self._refresh_foreign(gpu)
 
@@ -212,7 +254,10 @@ class PartitionManager:
                 raise precondition(
                     f"GPU {gpu} is in mode {current} with {len(on_card)} partition(s); delete them before changing mode"
                 )
-            await self._refresh_hardware(gpu)
+            try:
+                await self._refresh_hardware(gpu)
+            except PartitionError as exc:
+                raise unavailable(f"{exc.message}; the mode stays {current}") from None
             if mode is CardMode.MIG and not self._hw_mig[gpu]:
                 raise precondition(
                     f"GPU {gpu} does not have MIG mode enabled in hardware; as root, with the card idle, run "
@@ -225,7 +270,7 @@ class PartitionManager:
                     f"GPU {gpu} has MIG mode enabled in hardware; TDM needs the whole card: run "
                     f"`nvidia-smi -i {gpu} -mig 0` (with no MIG instances left), then retry"
                 )
-            self.store.set_card_mode(self._infos[gpu].uuid, mode)
+            await self._store(self.store.set_card_mode, self._infos[gpu].uuid, mode)
             self._modes[gpu] = mode
             self._publish()
             log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current))
@@ -243,6 +288,19 @@ class PartitionManager:
             raise invalid(f"owner.lease.ttl_seconds: must be 0-{self.settings.lease_max_seconds:g}")
         if request.owner.kind is not OwnerKind.LEASE and request.lease_ttl_seconds:
             raise invalid("ttl_seconds applies only to lease owners")
+        # The create runs as its own task: a caller that goes away (its deadline passed) does not cut it short
+        # half-way; it finishes (or rolls back) and the row never stays 'creating'.
+        task = asyncio.ensure_future(self._create_once(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return await asyncio.shield(task)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen: its caller got it, or went away (its deadline passed) and cannot
+
+    async def _create_once(self, request: CreateRequest) -> PartitionRecord:
         if not request.request_id:
             return await self._create(request)
         rid = request.request_id
@@ -250,13 +308,12 @@ class PartitionManager:
         self._request_locks[rid] = (lock, users + 1)
         try:
             async with lock:
-                existing = self.store.by_request_id(request.request_id)
+                existing = await self._store(self.store.by_request_id, rid)
                 if existing is not None:
                     if existing.request_fingerprint != request.fingerprint():
                         raise PartitionError(
                             Kind.CONFLICT,
-                            f"request_id {request.request_id!r} was used for a different request (partition "
-                            f"{existing.id})",
+                            f"request_id {rid[:100]!r} was used for a different request (partition {existing.id})",
                         )
                     return existing
                 return await self._create(request)
@@ -270,7 +327,7 @@ class PartitionManager:
     async def _create(self, request: CreateRequest) -> PartitionRecord:
         owner = request.owner
         if owner.kind is OwnerKind.PROCESS:
-            ticks = process_start_ticks(self._proc_root, owner.pid)
+            ticks = await self._host(process_start_ticks, self._proc_root, owner.pid)
             if ticks is None:
                 raise precondition(f"owner.process.pid: no process {owner.pid}")
             owner = replace(owner, pid_start_ticks=ticks)
@@ -283,10 +340,11 @@ class PartitionManager:
             return await self._create_on(gpu, request, quota)
 
     async def _create_any(self, request: CreateRequest, quota: Quota) -> PartitionRecord:
+        hung = self.device.access.hung_cards()
         candidates = [
             (c.gpu, Quota(100 - c.compute_percent_allocated, c.memory_total_mib - c.memory_allocated_mib))
             for c in (self._capacity(i) for i in range(len(self._infos)))
-            if c.mode is not CardMode.NONE
+            if c.mode is not CardMode.NONE and c.gpu not in hung
         ]
         if not candidates:
             raise precondition("no card is in TDM or MIG mode; set a card's mode first (xpuctl partitions mode)")
@@ -296,7 +354,7 @@ class PartitionManager:
                 try:
                     return await self._create_on(gpu, request, quota)
                 except PartitionError as exc:
-                    if exc.kind is not Kind.EXHAUSTED and exc.kind is not Kind.INVALID:
+                    if exc.kind not in (Kind.EXHAUSTED, Kind.INVALID, Kind.UNAVAILABLE):
                         raise
                     last = exc
         assert last is not None
@@ -330,33 +388,10 @@ class PartitionManager:
             planner.admit_tdm(
                 (Quota(r.compute_percent, r.memory_mib) for r in on_card), quota, info.memory_total_bytes // MIB
             )
-            self._insert(record)
-            try:
-                await asyncio.to_thread(self.mps.ensure, self._mps_spec(record))
-            except MpsError as exc:
-                self._forget(record.id)
-                raise unavailable(f"MPS control daemon for GPU {gpu} did not start: {exc}") from exc
-            record = replace(record, state=State.READY)
+            record = await self._start_tdm(record)
         else:
-            instances = await self._refresh_foreign(gpu)
-            occupied = [
-                Occupied(i.profile_id, i.placement_start, i.placement_size, _compute_slices(self._profiles[gpu], i))
-                for i in instances
-            ]
-            choice = planner.choose_mig(self._profiles[gpu], occupied, quota)
-            record = replace(
-                record,
-                mig=MigPlacement(choice.profile.profile_id, choice.profile.name, choice.start, choice.size),
-            )
-            self._insert(record)
-            try:
-                inst = await self._call(self.backend.create_mig_instance, gpu, choice.profile.profile_id, choice.start)
-            except PartitionError:
-                self._forget(record.id)
-                raise
-            record = replace(record, state=State.READY, mig=_placement_of(inst))
-        self._save(record)
-        self._write_cdi()
+            record = await self._start_mig(gpu, record, quota)
+        await self._write_cdi()
         log.info(
             "partition created",
             partition=record.id,
@@ -369,12 +404,74 @@ class PartitionManager:
         )
         return record
 
+    async def _start_tdm(self, record: PartitionRecord) -> PartitionRecord:
+        await self._insert(record)
+        self._creating.add(record.id)
+        try:
+            try:
+                await self._host(self.mps.ensure, self._mps_spec(record))
+            except MpsError as exc:
+                await self._forget(record.id)
+                raise unavailable(f"MPS control daemon for GPU {record.gpu} did not start: {exc}") from exc
+            record = replace(record, state=State.READY)
+            await self._save(record)
+            return record
+        finally:
+            self._creating.discard(record.id)
+
+    async def _start_mig(self, gpu: int, record: PartitionRecord, quota: Quota) -> PartitionRecord:
+        instances = await self._refresh_foreign(gpu)
+        profiles = self._profiles[gpu]
+        occupied = [
+            Occupied(i.profile_id, i.placement_start, i.placement_size, compute_slices(profiles, i)) for i in instances
+        ]
+        # creates that passed their deadline may still make their instance: their placement stays taken
+        slices = {p.profile_id: p.slice_count for p in profiles}
+        occupied += [
+            Occupied(r.mig.profile_id, r.mig.placement_start, r.mig.placement_size, slices.get(r.mig.profile_id, 0))
+            for r in self._records.values()
+            if r.gpu == gpu
+            and r.mig is not None
+            and not r.mig.uuid
+            and not any(i.placement_start == r.mig.placement_start for i in instances)
+        ]
+        choice = planner.choose_mig(self._profiles[gpu], occupied, quota)
+        record = replace(
+            record, mig=MigPlacement(choice.profile.profile_id, choice.profile.name, choice.start, choice.size)
+        )
+        await self._insert(record)
+        self._creating.add(record.id)
+        try:
+            pending = self.device.aio.create_mig_instance(gpu, choice.profile.profile_id, choice.start)
+            try:
+                inst = await driver(pending.wait())
+            except PartitionError as exc:
+                outcome = pending.outcome
+                if outcome.done() and outcome.exception() is None:
+                    inst = outcome.result()  # it answered just after its deadline: ours after all
+                elif outcome.done():
+                    await self._forget(record.id)  # never made (refused, or never tried on a hung card)
+                    raise
+                else:
+                    # Still in the driver, which may yet make it: keep the row (and its placement) 'creating'; the
+                    # reconciler adopts the instance once the card answers, or drops the row if none appeared.
+                    log.warning("MIG create passed its deadline; the partition stays creating", partition=record.id)
+                    raise unavailable(
+                        f"{exc.message}; partition {record.id} stays 'creating' until the card answers, then it "
+                        "is adopted or removed"
+                    ) from None
+            record = replace(record, state=State.READY, mig=placement_of(inst))
+            await self._save(record)
+            return record
+        finally:
+            self._creating.discard(record.id)
+
     # ----- reads -------------------------------------------------------------------------------------------
 
     def get(self, partition_id: str) -> PartitionRecord:
         record = self._records.get(partition_id)
         if record is None:
-            raise not_found(f"no partition {partition_id!r}")
+            raise not_found(f"no partition {partition_id[:100]!r}")
         return record
 
     def list_partitions(self, gpu_ref: str = "") -> list[PartitionRecord]:
@@ -413,40 +510,13 @@ class PartitionManager:
         return device_name(record.id)
 
     def _capacity(self, gpu: int) -> CardCapacity:
-        info = self._infos[gpu]
-        ours = [r for r in self._records.values() if r.gpu == gpu]
-        mode = self._modes[gpu]
-        profiles = self._profiles.get(gpu, ())
-        foreign = self._foreign.get(gpu, ())
-        total_mib = info.memory_total_bytes // MIB
-        if mode is CardMode.MIG and profiles:
-            by_id = {p.profile_id: p for p in profiles}
-            total_sm = planner.card_sm_count(profiles)
-            sms = sum(by_id[r.mig.profile_id].sm_count for r in ours if r.mig and r.mig.profile_id in by_id)
-            memory = sum(by_id[r.mig.profile_id].memory_mib for r in ours if r.mig and r.mig.profile_id in by_id)
-            used_slices = {
-                s
-                for start, size in [(r.mig.placement_start, r.mig.placement_size) for r in ours if r.mig]
-                + [(i.placement_start, i.placement_size) for i in foreign]
-                for s in range(start, start + size)
-            }
-            slices_free = planner.card_memory_slices(profiles) - len(used_slices)
-            compute = sms * 100 // total_sm if total_sm else 0
-        else:
-            compute = sum(r.compute_percent for r in ours)
-            memory = sum(r.memory_mib for r in ours)
-            slices_free = 0
-        return CardCapacity(
-            gpu=gpu,
-            gpu_uuid=info.uuid,
-            mode=mode,
-            partitions=len(ours),
-            compute_percent_allocated=compute,
-            memory_allocated_mib=memory,
-            memory_total_mib=total_mib,
-            mig_memory_slices_free=slices_free,
-            foreign=foreign,
-            hardware_mig=self._hw_mig.get(gpu, False),
+        return card_capacity(
+            self._infos[gpu],
+            [r for r in self._records.values() if r.gpu == gpu],
+            self._modes[gpu],
+            self._profiles.get(gpu, ()),
+            self._foreign.get(gpu, ()),
+            self._hw_mig.get(gpu, False),
         )
 
     # ----- delete, leases, reclaim -------------------------------------------------------------------------
@@ -466,18 +536,18 @@ class PartitionManager:
         """Destroy the GPU side and forget the partition. False when a MIG instance is still in use."""
         if record.state is not State.DELETING:
             record = replace(record, state=State.DELETING)
-            self._save(record)
-            self._write_cdi()  # no new container gets a partition that is going away
+            await self._save(record)
+            await self._write_cdi()  # no new container gets a partition that is going away
         if record.mode is CardMode.TDM:
-            await asyncio.to_thread(self.mps.release, self._mps_spec(record))
+            await self._host(self.mps.release, self._mps_spec(record))
         elif record.mig and record.mig.uuid:
             deadline = self.clock() + retry_s
             delay = 0.05
             while True:
                 try:
-                    await self._call(self.backend.destroy_mig_instance, record.gpu, record.mig.gpu_instance_id)
+                    await driver(self.device.aio.destroy_mig_instance(record.gpu, record.mig.gpu_instance_id))
                     break
-                except _InUseError as exc:
+                except MigInUseError as exc:
                     if self.clock() >= deadline:
                         log.warning("MIG instance in use; delete will be retried", partition=record.id)
                         if raise_in_use:
@@ -492,8 +562,8 @@ class PartitionManager:
                     if exc.kind is not Kind.NOT_FOUND:
                         raise
                     break  # already gone
-        self._forget(record.id)
-        self._write_cdi()
+        await self._forget(record.id)
+        await self._write_cdi()
         log.info("partition deleted", partition=record.id, gpu=record.gpu)
         return True
 
@@ -506,48 +576,62 @@ class PartitionManager:
         if record.state is not State.READY or self.clock() >= record.lease_expires_at:
             raise precondition(f"partition {partition_id}: lease expired; it is being reclaimed")
         record = replace(record, lease_expires_at=self.clock() + (ttl_seconds or self.settings.lease_default_seconds))
-        self._save(record)
+        await self._save(record)
         return record
 
     async def reconcile(self) -> list[str]:
-        """One pass: reclaim partitions whose owner is gone, finish pending deletes, restart dead MPS daemons."""
-        reclaimed = []
+        """One pass, card by card: finish deletes and stale creates, reclaim partitions whose owner is gone,
+        look for foreign MIG instances; then restart dead MPS daemons. A card that fails is counted and skipped."""
+        reclaimed: list[str] = []
+        for gpu in range(len(self._infos)):
+            try:
+                reclaimed += await self._reconcile_card(gpu)
+            except Exception as exc:  # one card (hung, failing) must never stop the others
+                self.reconcile_failures[f"gpu {gpu}"] += 1
+                message = exc.message if isinstance(exc, PartitionError) else f"{type(exc).__name__}: {exc}"
+                log.warning("reconcile of a card failed; the other cards go on", gpu=gpu, error=message)
+        try:
+            await self._host(self.mps.check)
+        except Exception as exc:
+            self.reconcile_failures["mps"] += 1
+            log.warning("MPS check failed", error=f"{type(exc).__name__}: {exc}")
+        return reclaimed
+
+    async def _reconcile_card(self, gpu: int) -> list[str]:
+        reclaimed: list[str] = []
         now = self.clock()
-        for record in list(self._records.values()):
+        for record in [r for r in self._records.values() if r.gpu == gpu]:
             if record.state is State.DELETING:
-                async with self._card_locks[record.gpu]:
+                async with self._card_locks[gpu]:
                     current = self._records.get(record.id)
                     if current is not None and await self._teardown(current, retry_s=0.0, raise_in_use=False):
                         reclaimed.append(record.id)
                 continue
-            if record.state is not State.READY:
+            if record.state is State.CREATING:
+                stale = now - record.created_at >= self.settings.creating_timeout_seconds
+                if stale and record.id not in self._creating:
+                    async with self._card_locks[gpu]:
+                        current = self._records.get(record.id)
+                        if current is not None and current.state is State.CREATING:
+                            log.warning("finishing a create that did not complete", partition=record.id)
+                            await self._recover(current)
                 continue
             if record.owner.kind is not OwnerKind.LEASE and now - record.created_at < self.settings.owner_grace_seconds:
                 continue
-            alive = await asyncio.to_thread(self.owners.alive, record.owner, record.lease_expires_at)
+            alive = await self._host(self.owners.alive, record.owner, record.lease_expires_at)
             if alive is not False:
                 continue
             log.info("owner gone; reclaiming partition", partition=record.id, owner=record.owner.describe())
-            async with self._card_locks[record.gpu]:
+            async with self._card_locks[gpu]:
                 current = self._records.get(record.id)
                 if current != record:
                     continue  # deleted or changed (a lease renewed) since the check: look again next pass
-                try:
-                    done = await self._teardown(current, retry_s=0.0, raise_in_use=False)
-                except PartitionError as exc:
-                    log.error("reclaim failed", partition=record.id, error=exc.message)
-                    continue
-                if done:
+                if await self._teardown(current, retry_s=0.0, raise_in_use=False):
                     self.reclaimed_total += 1
                     reclaimed.append(record.id)
-        await asyncio.to_thread(self.mps.check)
-        for gpu, mode in self._modes.items():
-            if mode is CardMode.MIG:
-                async with self._card_locks[gpu]:
-                    try:
-                        await self._refresh_foreign(gpu)  # an operator may have made or removed instances
-                    except PartitionError as exc:
-                        log.warning("cannot list MIG instances", gpu=gpu, error=exc.message)
+        if self._modes.get(gpu) is CardMode.MIG:
+            async with self._card_locks[gpu]:
+                await self._refresh_foreign(gpu)  # an operator may have made or removed instances
         return reclaimed
 
     # ----- helpers -----------------------------------------------------------------------------------------
@@ -556,92 +640,49 @@ class PartitionManager:
         ref = ref.strip()
         if not ref:
             raise invalid("gpu: give a GPU index, a GPU UUID, or 'any'")
-        if ref.isdigit():
-            index = int(ref)
-            if index >= len(self._infos):
-                raise not_found(f"gpu: no GPU {index} (this node has {len(self._infos)})")
-            return index
+        if ref.isascii() and ref.isdigit():
+            if len(ref) > 6 or int(ref) >= len(self._infos):
+                raise not_found(f"gpu: no GPU {ref[:20]} (this node has {len(self._infos)})")
+            return int(ref)
         for info in self._infos:
             if info.uuid == ref:
                 return info.index
-        raise not_found(f"gpu: no GPU with UUID {ref!r}")
+        raise not_found(f"gpu: no GPU with UUID {ref[:100]!r}")
 
     def _mps_spec(self, record: PartitionRecord) -> MpsDaemonSpec:
         return self.mps.spec_for(record.id, record.gpu_uuid, record.compute_percent, record.memory_mib)
 
-    def _insert(self, record: PartitionRecord) -> None:
+    async def _store(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)
+
+    async def _host(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._host_io, fn, *args)
+
+    async def _insert(self, record: PartitionRecord) -> None:
         try:
-            self.store.insert(record)
+            await self._store(self.store.insert, record)
         except sqlite3.IntegrityError as exc:
             raise PartitionError(Kind.CONFLICT, f"partition {record.id} or its request_id exists already") from exc
         self._records[record.id] = record
         self._publish()
 
-    def _save(self, record: PartitionRecord) -> None:
-        self.store.update(record)
+    async def _save(self, record: PartitionRecord) -> None:
+        await self._store(self.store.update, record)
         self._records[record.id] = record
         self._publish()
 
-    def _forget(self, partition_id: str) -> None:
-        self.store.delete(partition_id)
+    async def _forget(self, partition_id: str) -> None:
+        await self._store(self.store.delete, partition_id)
         self._records.pop(partition_id, None)
         self._publish()
 
-    def _write_cdi(self) -> None:
+    async def _write_cdi(self) -> None:
         ready = [r for r in self._records.values() if r.state is State.READY]
-        try:
-            self.cdi.write((r.id, self.edits(r)) for r in ready)
-        except OSError as exc:
-            log.error("cannot write CDI spec", path=str(self.cdi.path), error=str(exc))
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """A backend call off the event loop with a deadline; driver errors become PartitionErrors."""
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.settings.backend_deadline_seconds)
-        except TimeoutError:
-            name = getattr(fn, "__name__", "call")
-            raise unavailable(
-                f"GPU driver call {name} did not answer within {self.settings.backend_deadline_seconds:g}s"
-            ) from None
-        except InUseError as exc:
-            raise _InUseError(str(exc)) from exc
-        except InsufficientResourcesError as exc:
-            raise exhausted(f"the GPU refused: {exc}") from exc
-        except BackendError as exc:
-            if exc.code == "not_found":
-                raise not_found(str(exc)) from exc
-            raise unavailable(f"GPU driver call failed: {exc}") from exc
+        def write() -> None:
+            try:
+                self.cdi.write((r.id, self.edits(r)) for r in ready)
+            except OSError as exc:
+                log.error("cannot write CDI spec", path=str(self.cdi.path), error=str(exc))
 
-
-class _InUseError(PartitionError):
-    def __init__(self, message: str) -> None:
-        super().__init__(Kind.PRECONDITION, message)
-
-
-def _find_instance(instances: Sequence[MigInstance], mig: MigPlacement, claimed: set[int]) -> MigInstance | None:
-    for inst in instances:
-        if inst.gpu_instance_id in claimed:
-            continue
-        if mig.uuid and inst.uuid == mig.uuid:
-            return inst
-        same_place = inst.profile_id == mig.profile_id and inst.placement_start == mig.placement_start
-        if same_place and (not mig.uuid or inst.gpu_instance_id == mig.gpu_instance_id):
-            return inst
-    return None
-
-
-def _placement_of(inst: MigInstance) -> MigPlacement:
-    return MigPlacement(
-        profile_id=inst.profile_id,
-        profile_name=inst.profile_name,
-        placement_start=inst.placement_start,
-        placement_size=inst.placement_size,
-        gpu_instance_id=inst.gpu_instance_id,
-        compute_instance_id=inst.compute_instance_id,
-        uuid=inst.uuid,
-    )
-
-
-def _compute_slices(profiles: Sequence[MigProfile], inst: MigInstance) -> int:
-    by_id = {p.profile_id: p.slice_count for p in profiles}
-    return by_id.get(inst.profile_id, 0)
+        await self._store(write)

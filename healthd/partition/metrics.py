@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
@@ -17,9 +17,15 @@ class PartitionCollector:
 
     name = "partitions"
 
-    def __init__(self, view: Callable[[], View], reclaimed_total: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        view: Callable[[], View],
+        reclaimed_total: Callable[[], int],
+        reconcile_failures: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self._view = view
         self._reclaimed = reclaimed_total
+        self._reconcile_failures = reconcile_failures
 
     def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
         view = self._view()
@@ -88,4 +94,11 @@ class PartitionCollector:
         reclaimed = CounterMetricFamily(
             "xpu_partitions_reclaimed", "Partitions reclaimed because their owner was gone.", value=self._reclaimed()
         )
-        return [info, compute, memory, mode, count, alloc_compute, alloc_memory, foreign, reclaimed]
+        failures = CounterMetricFamily(
+            "xpu_partition_reconcile_failures",
+            "Reconcile passes that failed on one card (e.g. hung) or on MPS; the other cards are reconciled anyway.",
+            labels=["scope"],
+        )
+        for scope, n in sorted(self._reconcile_failures().items()):
+            failures.add_metric([scope], float(n))
+        return [info, compute, memory, mode, count, alloc_compute, alloc_memory, foreign, reclaimed, failures]

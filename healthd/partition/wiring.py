@@ -12,8 +12,10 @@ from pathlib import Path
 
 import structlog
 
+from exporter.backends.guarded import GuardedBackend
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
+from exporter.snapshot import Snapshot
 from healthd.config import DEFAULT_RUNTIME_DIR, PartitionSettings
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import PartitionError
@@ -51,9 +53,10 @@ class Partitions:
     def __init__(
         self,
         settings: PartitionSettings,
-        backend: Backend,
+        backend: GuardedBackend,
         state_dir: Path,
         *,
+        snapshot: Callable[[], Snapshot | None] = lambda: None,
         main_socket: Path | None = None,
         pod_exists: PodExists | None = None,
         clock: Callable[[], float] = time.time,
@@ -63,12 +66,12 @@ class Partitions:
         from healthd.partition.store import Store
 
         self.settings = settings
-        simulated = isinstance(backend, SimulatedBackend)
+        simulated = isinstance(backend.raw, SimulatedBackend)
         self.runtime_dir = settings.runtime_dir or (main_socket.parent if main_socket else DEFAULT_RUNTIME_DIR)
         self.admin_socket = settings.admin_socket or self.runtime_dir / "healthd-admin.sock"
         self.cdi_dir = settings.cdi_dir or (state_dir / "cdi" if simulated else SYSTEM_CDI_DIR)
         self.store = Store(state_dir / STATE_FILE)
-        self.mps = MpsSupervisor(mps or choose_mps(settings, backend), self.runtime_dir)
+        self.mps = MpsSupervisor(mps or choose_mps(settings, backend.raw), self.runtime_dir)
         self.manager = PartitionManager(
             backend,
             self.store,
@@ -81,6 +84,7 @@ class Partitions:
             ),
             clock=clock,
             order_any=order_any,
+            snapshot=snapshot,
         )
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
@@ -94,7 +98,9 @@ class Partitions:
         )
         self.started = False
         self._retry: asyncio.Task[None] | None = None
-        self.collector = PartitionCollector(self.manager.view, lambda: self.manager.reclaimed_total)
+        self.collector = PartitionCollector(
+            self.manager.view, lambda: self.manager.reclaimed_total, lambda: dict(self.manager.reconcile_failures)
+        )
 
     async def start(self) -> None:
         """Start now if the GPUs answer; otherwise keep trying in the background (the daemon runs on meanwhile)."""
@@ -132,4 +138,4 @@ class Partitions:
                 await self._retry
         await self.reconciler.stop()
         await self.admin_server.stop()
-        self.store.close()
+        await self.manager.close()  # closes the store after its queued writes

@@ -76,8 +76,8 @@ def test_sigkill_loses_nothing_committed_and_restart_matches(tmp_path: Path) -> 
         assert mps.running() == ready  # one control daemon per partition, again
         spec = json.loads((tmp_path / "cdi" / SPEC_FILE).read_text())
         assert {d["name"] for d in spec["devices"]} == ready
+        assert {p.id for p in m.list_partitions()} >= (created - deleted)
+        await m.close()
         return m
 
-    m = asyncio.run(restart())
-    assert {p.id for p in m.list_partitions()} >= (created - deleted)
-    m.store.close()
+    asyncio.run(restart())

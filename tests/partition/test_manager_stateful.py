@@ -54,7 +54,7 @@ class PartitionMachine(RuleBasedStateMachine):
             return None
 
     def teardown(self) -> None:
-        self.manager.store.close()
+        self.loop.run_until_complete(self.manager.close())
         self.loop.close()
         self.tmp.cleanup()
 
@@ -118,7 +118,7 @@ class PartitionMachine(RuleBasedStateMachine):
 
     @rule()
     def daemon_restarts(self) -> None:
-        self.manager.store.close()
+        self.loop.run_until_complete(self.manager.close())
         self.mps = SimulatedMpsControl()  # the in-process stand-in dies with the daemon; real MPS daemons would not
         self.manager = self._start()
 

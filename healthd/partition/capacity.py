@@ -1,0 +1,74 @@
+"""What a card holds and has left: derived from its partitions, mode, MIG profiles and foreign instances."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.backends.types import DeviceInfo, MigInstance, MigProfile
+from healthd.partition import planner
+from healthd.partition.model import CardMode, PartitionRecord
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class CardCapacity:
+    gpu: int
+    gpu_uuid: str
+    mode: CardMode
+    partitions: int
+    compute_percent_allocated: int
+    memory_allocated_mib: int
+    memory_total_mib: int
+    mig_memory_slices_free: int
+    foreign: tuple[MigInstance, ...]
+    hardware_mig: bool
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """An immutable picture for metrics and reads."""
+
+    partitions: tuple[PartitionRecord, ...]
+    cards: tuple[CardCapacity, ...]
+
+
+def card_capacity(
+    info: DeviceInfo,
+    ours: Sequence[PartitionRecord],
+    mode: CardMode,
+    profiles: Sequence[MigProfile],
+    foreign: tuple[MigInstance, ...],
+    hardware_mig: bool,
+) -> CardCapacity:
+    total_mib = info.memory_total_bytes // MIB
+    if mode is CardMode.MIG and profiles:
+        by_id = {p.profile_id: p for p in profiles}
+        total_sm = planner.card_sm_count(profiles)
+        sms = sum(by_id[r.mig.profile_id].sm_count for r in ours if r.mig and r.mig.profile_id in by_id)
+        memory = sum(by_id[r.mig.profile_id].memory_mib for r in ours if r.mig and r.mig.profile_id in by_id)
+        used_slices = {
+            s
+            for start, size in [(r.mig.placement_start, r.mig.placement_size) for r in ours if r.mig]
+            + [(i.placement_start, i.placement_size) for i in foreign]
+            for s in range(start, start + size)
+        }
+        slices_free = planner.card_memory_slices(profiles) - len(used_slices)
+        compute = sms * 100 // total_sm if total_sm else 0
+    else:
+        compute = sum(r.compute_percent for r in ours)
+        memory = sum(r.memory_mib for r in ours)
+        slices_free = 0
+    return CardCapacity(
+        gpu=info.index,
+        gpu_uuid=info.uuid,
+        mode=mode,
+        partitions=len(ours),
+        compute_percent_allocated=compute,
+        memory_allocated_mib=memory,
+        memory_total_mib=total_mib,
+        mig_memory_slices_free=slices_free,
+        foreign=foreign,
+        hardware_mig=hardware_mig,
+    )
