@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from exporter.backends.types import ComputeMode, LinkState, Unsupported
 from exporter.collectors.card import CLOCK_EVENT_REASONS
+from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
@@ -231,6 +232,7 @@ def render_status_page(
     *,
     hostname: str = "",
     version: str = "",
+    node: NodeStatus | None = None,
 ) -> str:
     now = time.time() if now is None else now
     providers = providers or StatusProviders()
@@ -264,7 +266,11 @@ def render_status_page(
         banner = ("warn", f"{_gpus(warn)}: warnings")
     else:
         banner = ("ok", f"All {len(snapshot.gpus)} GPUs answering, no problems seen")
-    if stuck:
+    if node is not None and not node.serving:
+        banner = ("bad", node.summary)
+    elif node is not None and node.level is Level.DEGRADED:
+        banner = ("bad" if banner[0] == "bad" else "warn", f"{banner[1]}. {node.summary}")
+    elif stuck:
         banner = (banner[0], banner[1] + f" ({len(stuck)} not answering)")
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'

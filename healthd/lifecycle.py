@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ from exporter.webconfig import WebConfigError
 from healthd.config import Config, ConfigError
 from healthd.logs import configure_logging
 from healthd.reload import plan_reload
-from healthd.systemd import Notifier, SamplerProgress, Watchdog, sampler_stall_limit, watchdog_interval
+from healthd.systemd import Notifier, SamplerProgress, Watchdog, watchdog_interval
 from healthd.testhooks import install_test_hooks
 from healthd.transport import check_transport, load_metrics_web_config
 
@@ -31,20 +30,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("lifecycle")
 
-
-def status_line(daemon: Daemon) -> str:
-    """One line for `systemctl status`: what is sampled, how fresh, what is stuck."""
-    snap = daemon.sampler.latest()
-    if snap is None:
-        return "waiting for the first sample"
-    if not snap.backend_up:
-        return f"GPU backend {snap.backend_name} down: {snap.backend_error}"
-    age = max(0.0, time.time() - snap.taken_at)
-    stuck = [g.index for g in snap.gpus if not g.fresh]
-    text = f"{len(snap.gpus)} GPUs ({snap.backend_name}), last sample {age:.1f}s ago"
-    if stuck:
-        text += f", not answering: {stuck}"
-    return text + f"; metrics {daemon.http.scheme} :{daemon.http.port}"
+# SIGTERM to exit: within 10 s whatever is hung (systemd's TimeoutStopSec is 30 s); the daemon's own budget
+STOP_BUDGET_SECONDS = 8.0
 
 
 class Lifecycle:
@@ -77,13 +64,11 @@ class Lifecycle:
                 await asyncio.wait_for(self._stop.wait(), 1.0)
         watchdog_task: asyncio.Task[None] | None = None
         if not self._stop.is_set():
-            self._notifier.ready(status_line(daemon))
+            self._notifier.ready(daemon.status_line())
             log.info("ready", notify=self._notifier.via, watchdog_seconds=self._watchdog_seconds)
-            s = daemon.config.sampler
-            progress = SamplerProgress(
-                daemon.sampler.latest, sampler_stall_limit(s.interval_seconds, s.call_deadline_seconds)
-            )
-            watchdog = Watchdog(self._notifier, self._watchdog_seconds, progress, lambda: status_line(daemon))
+            # the same limit as "samples are stale" in the node status: one rule for both
+            progress = SamplerProgress(daemon.sampler.latest, daemon.node.stale_seconds)
+            watchdog = Watchdog(self._notifier, self._watchdog_seconds, progress, daemon.status_line)
             watchdog_task = asyncio.create_task(watchdog.run(), name="watchdog")
         await self._stop.wait()
         self._notifier.stopping("stopping: finishing in-flight calls")
@@ -94,7 +79,10 @@ class Lifecycle:
         if self._reloading is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reloading
-        await daemon.stop()
+        try:
+            await asyncio.wait_for(daemon.stop(), STOP_BUDGET_SECONDS + 1.0)
+        except TimeoutError:
+            log.error("stop did not finish in time; exiting anyway")
         return 0
 
     def _schedule_reload(self) -> None:
@@ -116,13 +104,13 @@ class Lifecycle:
             web_config = await asyncio.to_thread(load_metrics_web_config, new.transport)
         except ConfigError as exc:
             log.error("reload failed; the running settings stay", error=str(exc))
-            self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
+            self._notifier.ready(f"reload failed ({exc}); {daemon.status_line()}")
             return
         try:
             daemon.http.set_web_config(web_config)
         except WebConfigError as exc:  # a certificate replaced between the check and now
             log.error("reload failed; the running settings stay", error=f"transport.metrics_web_config_file: {exc}")
-            self._notifier.ready(f"reload failed ({exc}); {status_line(daemon)}")
+            self._notifier.ready(f"reload failed ({exc}); {daemon.status_line()}")
             return
         plan = plan_reload(daemon.config, new)
         if "daemon.log_level" in plan.applied:
@@ -136,4 +124,4 @@ class Lifecycle:
         )
         if plan.needs_restart:
             log.warning("some changed settings need a restart", options=list(plan.needs_restart))
-        self._notifier.ready(status_line(daemon))
+        self._notifier.ready(daemon.status_line())

@@ -8,16 +8,20 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
+from exporter.backends.errors import BackendError
+from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
 from exporter.backends.select import choose_backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
+from exporter.executor import in_daemon_thread
+from exporter.health import stale_after
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.status_page import render_status_page
@@ -30,6 +34,7 @@ from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
+from healthd.node_status import GrpcHealth, NodeHealth
 from healthd.partition.planner import topology_aware
 from healthd.partition.wiring import Partitions
 from healthd.probes import default_probes, xid_watcher
@@ -77,19 +82,6 @@ def resolve_config(args: argparse.Namespace) -> Config:
     )
 
 
-def snapshot_health(sampler: Sampler, stale_after: float) -> Health:
-    snap = sampler.latest()
-    if snap is None:
-        return Health(False, "no sample yet")
-    if not snap.backend_up:
-        return Health(False, f"GPU backend down: {snap.backend_error}")
-    age = time.time() - snap.taken_at
-    if age > stale_after:
-        return Health(False, f"samples are stale: last one {age:.1f}s ago (limit {stale_after:.1f}s)")
-    stuck = [g.index for g in snap.gpus if not g.fresh]
-    return Health(True, "ok" + (f"; GPUs not answering: {stuck}" if stuck else ""))
-
-
 def build_collectors(config: Config, last_xid: Callable[[], Mapping[int, int]] | None = None) -> list[Collector]:
     collectors = default_collectors()
     if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
@@ -122,8 +114,10 @@ class Daemon:
         self.backend = choice.backend
         self.backend_reason = choice.reason
         s = config.sampler
-        self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
-        self.topology = build_topology(config, self.backend, self.sampler)
+        deadlines = DeadlineSettings(read_seconds=s.call_deadline_seconds, change_seconds=s.change_deadline_seconds)
+        self.device = GuardedBackend(DeviceAccess(self.backend, deadlines))  # the only way to the driver
+        self.sampler = Sampler(self.device, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
+        self.topology = build_topology(config, self.device, self.sampler)
         self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
@@ -132,19 +126,26 @@ class Daemon:
         self.probes = ProbeRunner(
             default_probes(config.health, state_dir=config.state_dir, simulated=simulated), self.faults, time.time
         )
-        self.sampler.subscribe(self.probes.on_snapshot)
-        self.xid = xid_watcher(config.health, self.backend, self.faults, self.sampler.latest, simulated=simulated)
+        self.sampler.subscribe(self.probes.on_snapshot, "probes")
+        self.xid = xid_watcher(config.health, self.device, self.faults, self.sampler.latest, simulated=simulated)
         self.partitions = (
             Partitions(
                 config.partitions,
-                self.backend,
+                self.device,
                 config.state_dir,
+                snapshot=self.sampler.latest,
                 main_socket=_first_unix_socket(config),
                 pod_exists=self.attribution.kubelet.pod_exists,
                 order_any=topology_aware(self.topology.first_card),
             )
             if config.partitions.enabled
             else None
+        )
+        self.node = NodeHealth(
+            self.sampler.latest,
+            self.device.access,
+            stale_after(s.interval_seconds, s.call_deadline_seconds, self.sampler.config.open_deadline_seconds),
+            backlogs=self._backlogs,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
@@ -157,11 +158,10 @@ class Daemon:
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         # health checks, faults and partitions on the status page
         self.status_providers = status_providers(self.faults, self.partitions.manager if self.partitions else None)
-        stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
             self.registry,
-            health=lambda: snapshot_health(self.sampler, stale_after),
+            health=self._healthz,
             landing=self.status_page,
             web_config=load_metrics_web_config(config.transport),
         )
@@ -178,10 +178,43 @@ class Daemon:
             socket_mode=t.grpc_socket_mode,
             socket_group=socket_group_id(t.grpc_socket_group),
         )
+        self.grpc_health = GrpcHealth(
+            self.node,
+            [self.grpc, *([self.partitions.admin_server] if self.partitions else [])],
+            self._service_readiness(),
+        )
+
+    def _backlogs(self) -> dict[str, int]:
+        return {
+            "hook outbox": sum(self.fault_runtime.dispatcher.depth.values()),
+            "journal": self.fault_runtime.io.backlog(),
+        }
+
+    def _service_readiness(self) -> dict[str, Callable[[], bool]]:
+        ready: dict[str, Callable[[], bool]] = {health_service.SERVICE_NAME: lambda: True}
+        if self.topology.refresher is not None:
+            refresher = self.topology.refresher
+            ready["xpu.runtime.v1.Topology"] = lambda: refresher.latest() is not None
+        if self.partitions is not None:
+            partitions = self.partitions
+            ready["xpu.runtime.v1.Partitions"] = lambda: partitions.started
+        return ready
+
+    def _healthz(self) -> Health:
+        status = self.node.status()
+        return Health(status.serving, f"{status.level}: {status.summary}")
+
+    def status_line(self) -> str:
+        """One line for `systemctl status`: the node status and where the metrics are."""
+        return f"{self.node.status().summary}; metrics {self.http.scheme} :{self.http.port}"
 
     def status_page(self) -> str:
         return render_status_page(
-            self.sampler.latest(), providers=self.status_providers, hostname=socket.gethostname(), version=VERSION
+            self.sampler.latest(),
+            providers=self.status_providers,
+            hostname=socket.gethostname(),
+            version=VERSION,
+            node=self.node.status(),
         )
 
     async def start(self) -> None:
@@ -200,20 +233,46 @@ class Daemon:
         self.topology.start()
         if self.partitions is not None:
             await self.partitions.start()
+        self.grpc_health.start()
 
-    async def stop(self) -> None:
+    async def stop(self, budget_seconds: float = 8.0) -> None:
+        """Stop in reverse order within ``budget_seconds`` in all, whatever is hung; never wait on the driver."""
         log.info("stopping")
-        await self.grpc.stop()
-        if self.partitions is not None:
-            await self.partitions.stop()
-        self.topology.stop()
-        await asyncio.to_thread(self.http.stop)
-        await asyncio.to_thread(self.xid.stop)  # before the backend closes: it waits on the driver's event set
-        await asyncio.to_thread(self.sampler.stop)
-        await asyncio.to_thread(self.attribution.stop)
-        await self.fault_runtime.stop()
-        self.backend.close()
+        end = time.monotonic() + budget_seconds
+
+        def left(share: float) -> float:
+            return max(0.1, min(share, end - time.monotonic()))
+
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("grpc health", self.grpc_health.stop),
+            ("grpc", lambda: self.grpc.stop(grace=left(2.0))),
+            *([("partitions", self.partitions.stop)] if self.partitions is not None else []),
+            ("topology", lambda: in_daemon_thread(self.topology.stop)),
+            ("http", lambda: in_daemon_thread(self.http.stop)),
+            ("xid watcher", lambda: in_daemon_thread(self.xid.stop, 1.0)),
+            ("sampler", lambda: in_daemon_thread(self.sampler.stop, left(2.0))),
+            ("attribution", lambda: in_daemon_thread(self.attribution.stop)),
+            ("faults", lambda: self.fault_runtime.stop(flush_seconds=left(3.0))),
+            ("driver", lambda: in_daemon_thread(self._close_driver)),
+        ]
+        for name, step in steps:
+            try:
+                await asyncio.wait_for(step(), left(3.0))
+            except TimeoutError:
+                log.warning("stop step did not finish in time; going on", step=name)
+            except Exception:
+                log.exception("stop step failed; going on", step=name)
+        hung = self.device.access.shutdown(0.0)
+        if hung:
+            now = self.device.access.now()
+            log.warning("exiting with driver calls that never returned", calls=[h.describe(now) for h in hung])
         log.info("stopped")
+
+    def _close_driver(self) -> None:
+        try:
+            self.device.close()
+        except BackendError as exc:
+            log.warning("driver library not closed", error=str(exc))
 
 
 def _first_unix_socket(config: Config) -> Path | None:

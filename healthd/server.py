@@ -46,6 +46,7 @@ class GrpcServer:
         self._socket_group = socket_group
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        self._health_set: set[str] = set()  # names whose status the daemon set (kept across start)
         self._sockets: list[Path] = []
         self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
 
@@ -74,9 +75,16 @@ class GrpcServer:
         for path in self._sockets:
             secure_socket(path, self._socket_mode, self._socket_group)
         for name in ["", *names]:
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if name not in self._health_set:
+                await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("grpc listening", addresses=list(self._addresses), services=names, tcp_ports=self.tcp_ports)
+
+    async def set_health(self, name: str, serving: bool) -> None:
+        """Set grpc.health.v1 for ``name`` ("" is the whole server); the daemon mirrors its node status here."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self._health_set.add(name)
+        await self._health.set(name, status)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self._server is None:

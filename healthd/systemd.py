@@ -147,11 +147,6 @@ class SamplerProgress:
         return Progress(True, "ok")
 
 
-def sampler_stall_limit(interval: float, call_deadline: float, open_deadline: float = 10.0) -> float:
-    """How long a healthy sampler can go without a new Snapshot: a slow cycle, a backend (re)open, and slack."""
-    return 3 * interval + 2 * call_deadline + open_deadline
-
-
 class Watchdog:
     """Pings WATCHDOG=1 from the event loop while ``progress`` says the daemon moves.
 
