@@ -17,6 +17,11 @@ EXIT_USAGE = 2
 EXIT_RPC = 1
 
 
+# The daemon's longest driver deadline (a MIG create/destroy, [sampler] change_deadline_seconds) is 20 s by
+# default; a client must wait longer than that plus a margin to see the daemon's UNAVAILABLE that names the card.
+DEFAULT_TIMEOUT_SECONDS = 30.0
+
+
 def _channel(args: argparse.Namespace) -> grpc.Channel:
     """A unix socket as is; TCP only with mutual TLS, as the daemon serves it."""
     address: str = args.socket
@@ -45,7 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="daemon address, unix:PATH or HOST:PORT (default: %(default)s; env XPU_SOCKET)",
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help=f"seconds to wait for an answer (default {DEFAULT_TIMEOUT_SECONDS:g}: longer than the daemon's MIG "
+        "change deadline, so a hung card is reported by the daemon, naming the card, not by a client timeout)",
+    )
     for flag, env, what in (
         ("--tls-ca", "XPU_TLS_CA", "CA that signed the daemon's certificate"),
         ("--tls-cert", "XPU_TLS_CERT", "client certificate"),

@@ -36,7 +36,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class SamplerSettings:
     interval_seconds: float = 5.0
-    call_deadline_seconds: float = 2.0
+    call_deadline_seconds: float = 2.0  # every driver read, by anyone (the device-access layer's read deadline)
+    change_deadline_seconds: float = 20.0  # MIG instance create/destroy
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +223,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
-    _check_keys(sampler, {"interval_seconds", "call_deadline_seconds"}, "sampler")
+    _check_keys(sampler, {"interval_seconds", "call_deadline_seconds", "change_deadline_seconds"}, "sampler")
     _check_keys(exporter, {"dcgm_compat"}, "exporter")
     dcgm_compat = exporter.get("dcgm_compat", False)
     if not isinstance(dcgm_compat, bool):
@@ -254,13 +255,16 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
 
     interval = _number(sampler, "interval_seconds", "sampler", 5.0, minimum=0.1, maximum=3600)
     deadline = _number(sampler, "call_deadline_seconds", "sampler", 2.0, minimum=0.05, maximum=600)
+    change_deadline = _number(sampler, "change_deadline_seconds", "sampler", 20.0, minimum=0.05, maximum=600)
     return Config(
         metrics_listen=metrics_listen,
         grpc_listen=tuple(grpc_raw),
         state_dir=Path(state_dir),
         simulate=simulate,
         log_level=log_level,
-        sampler=SamplerSettings(interval_seconds=interval, call_deadline_seconds=deadline),
+        sampler=SamplerSettings(
+            interval_seconds=interval, call_deadline_seconds=deadline, change_deadline_seconds=change_deadline
+        ),
         topology=parse_topology(data.get("topology", {})),
         attribution=parse_attribution(data.get("attribution", {})),
         faults=parse_faults(data.get("faults", {})),
