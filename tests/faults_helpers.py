@@ -80,7 +80,14 @@ class DaemonThread:
     as the probe runner would.
     """
 
-    def __init__(self, state: Path, socket: Path, hook: object | None = None, **fault_overrides: object) -> None:
+    def __init__(
+        self,
+        state: Path,
+        socket: Path,
+        hook: object | None = None,
+        journal: Journal | None = None,
+        **fault_overrides: object,
+    ) -> None:
         import asyncio
         import threading
 
@@ -92,7 +99,7 @@ class DaemonThread:
         self.address = f"unix:{socket}"
         settings = replace(SETTINGS, **fault_overrides)  # type: ignore[arg-type]
         self.runtime = FaultRuntime(
-            Journal(state / "faults.sqlite"),
+            journal or Journal(state / "faults.sqlite"),
             settings,
             hook if isinstance(hook, HookSettings) else HookSettings(),
             boot_id="boot-1",
