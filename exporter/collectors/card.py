@@ -190,7 +190,8 @@ class CardCollector:
         yield from _nvlink(gpus)
         procs = GaugeMetricFamily("xpu_gpu_processes", "Compute processes with a context on the card.", labels=labels)
         for gpu in gpus:
-            procs.add_metric(gpu_label_values(gpu), float(len(gpu.processes)))
+            if gpu.processes_known:  # unknown (e.g. refused on a MIG card without privileges) is absent, not 0
+                procs.add_metric(gpu_label_values(gpu), float(len(gpu.processes)))
         yield procs
 
 

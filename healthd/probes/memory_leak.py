@@ -17,7 +17,7 @@ from pathlib import Path
 
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 
 CHECK = "memory_leak"
@@ -71,6 +71,10 @@ class MemoryLeakProbe:
                 continue
             ref = gpu_ref(g)
             key = g.uuid or str(g.index)
+            if not g.processes_known:  # without the process list, all memory would look unowned
+                report.result(ref, CheckStatus.UNKNOWN, f"process list unknown: {g.partial_errors['processes']}")
+                live |= {k for k in self._gone_streak if k[0] == key} | {k for k in self._growth if k[0] == key}
+                continue
             live |= {(key, p.pid) for p in g.processes}
             findings, note = self._orphan(ref, key, g)
             findings += self._gone(ref, key, g.processes)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from exporter.backends.errors import BackendError
+from exporter.backends.types import GpuProcess
 from healthd.faults.model import Action, Severity
 from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings, MemoryLeakThresholds
 from tests.probes.conftest import Node, codes, only, status
@@ -98,3 +100,25 @@ def test_stale_gpu_is_unknown(h200x8: Node) -> None:
     h200x8.inject("gpu_lost", 1)
     report = _probe(None).evaluate(h200x8.tick(), h200x8.clock())
     assert status(report, 1) == "unknown"
+
+
+def test_an_unknown_process_list_is_unknown_not_unowned_memory(h200x8: Node, tmp_path: Path) -> None:
+    """A refused process listing (NO_PERMISSION on a MIG card) must not make the card's memory look unowned."""
+    probe = _probe(_proc_for(h200x8, tmp_path), orphan_samples=1)
+    real = h200x8.backend.processes
+
+    def refused(index: int) -> tuple[GpuProcess, ...]:
+        if index == 4:
+            raise BackendError(
+                "Insufficient Permissions", call="nvmlDeviceGetComputeRunningProcesses", code="no_permission"
+            )
+        return real(index)
+
+    h200x8.backend.processes = refused  # type: ignore[method-assign]
+    h200x8.inject("orphan_memory", 4, memory_mib=4096)
+    snap = h200x8.tick()
+    card = snap.gpu(4)
+    assert card is not None and card.fresh and not card.processes_known, "the card stays fresh, its processes unknown"
+    report = probe.evaluate(snap, h200x8.clock())
+    assert codes(report, 4) == set()
+    assert status(report, 4) == "unknown"
