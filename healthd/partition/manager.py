@@ -22,6 +22,7 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from healthd.partition import planner
 from healthd.partition.cdi import CdiWriter, device_name
+from healthd.partition.devnodes import HostDevices
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, not_found, precondition, unavailable
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
@@ -98,6 +99,7 @@ class PartitionManager:
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
         order_any: planner.CardOrder = planner.pick_card,
+        devices: HostDevices | None = None,
     ) -> None:
         self.backend = backend
         self.store = store
@@ -109,6 +111,7 @@ class PartitionManager:
         self.clock = clock
         self._new_id = new_id
         self._proc_root = proc_root
+        self._devices = devices or HostDevices(proc_root)  # device numbers for the CDI spec
         self._infos: list[DeviceInfo] = []
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._hw_mig: dict[int, bool] = {}
@@ -406,7 +409,7 @@ class PartitionManager:
             record,
             gpu_minor=record.gpu if isinstance(minor, Unsupported) else minor,
             pipe_dir=pipe,
-            proc_root=self._proc_root,
+            devices=self._devices,
         )
 
     def cdi_name(self, record: PartitionRecord) -> str:
