@@ -9,8 +9,10 @@ whose loader does not search the host's library directory (a RHEL-family image o
    is the container's root file system. The hook runs after the mounts and before the runtime switches root.
 2. ``/etc/ld.so.conf.d/00-xpu-runtime-kit.conf`` is written with the folders by a child process that has
    ``chroot``-ed into that root, so a symlink planted in the image resolves inside the container, never on the host.
-3. The host's ``ldconfig -r ROOT FOLDER...`` rebuilds the cache: ldconfig enters the root itself and takes the
-   folders even when the image has no ld.so.conf. The host's binary is used, never one from the image.
+3. The host's ``ldconfig -r ROOT -f /etc/ld.so.conf -C /etc/ld.so.cache FOLDER...`` rebuilds the cache: ldconfig
+   enters the root itself and takes the folders even when the image has no ld.so.conf. The host's binary is used,
+   never one from the image (like nvidia-cdi-hook). Unlike nvidia-cdi-hook, a cache is also built in an image that
+   had none, so the libraries are found there too.
 
 An image without ``/etc`` (distroless) is left alone. Errors exit non-zero with one line on stderr; the runtime
 then refuses to start the container and shows that line.
@@ -102,7 +104,9 @@ def update_ldcache(state: Any, folders: Sequence[str], ldconfig: str | None = No
     if not write_conf_inside(root, folders):
         return f"{root} has no /etc; ld.so cache left alone"
     exe = ldconfig or find_ldconfig()
-    result = subprocess.run([exe, "-r", str(root), *folders], capture_output=True, text=True, timeout=60, check=False)
+    # -f and -C name the container's files explicitly: the host's ldconfig may be built with other defaults
+    args = [exe, "-r", str(root), "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *folders]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:
         raise HookError(f"{exe} -r {root} failed ({result.returncode}): {result.stderr.strip()[-300:]}")
     return f"ld.so cache of {root} updated with {', '.join(folders)}"
