@@ -135,4 +135,5 @@ class CdiWriter:
             # CDI requires at least one device per spec: no partitions, no spec file
             self.path.unlink(missing_ok=True)
             return
-        write_text_atomic(self.path, json.dumps(spec, indent=2) + "\n")
+        # compact: json's C encoder is ten times faster than its indenting one, and runtimes do not care
+        write_text_atomic(self.path, json.dumps(spec, separators=(",", ":")) + "\n")

@@ -119,6 +119,7 @@ class HostDevices:
         self._clock = clock
         self._lock = threading.Lock()
         self._tables: tuple[float, DriverTables] | None = None
+        self._nodes: dict[str, DeviceNode] = {}  # resolved nodes, valid as long as the tables
         self._warned: set[str] = set()
 
     def tables(self) -> DriverTables:
@@ -130,6 +131,7 @@ class HostDevices:
                     parse_mig_minors(self._read("driver/nvidia-caps/mig-minors")),
                 )
                 self._tables = (now, tables)
+                self._nodes = {}
             return self._tables[1]
 
     def card_nodes(self, gpu_minor: int) -> tuple[DeviceNode, ...]:
@@ -156,10 +158,18 @@ class HostDevices:
             if minor is None:
                 self._warn_once(cap, "MIG capability not in mig-minors; the container cannot open the instance")
                 continue
-            nodes.append(self._node(cap_device_path(minor), caps_major, minor, self._cap_mode(cap)))
+            nodes.append(self._node(cap_device_path(minor), caps_major, minor, None, cap))
         return tuple(nodes)
 
-    def _node(self, path: str, major: int | None, minor: int, default_mode: int) -> DeviceNode:
+    def _node(self, path: str, major: int | None, minor: int, default_mode: int | None, cap: str = "") -> DeviceNode:
+        """The node at ``path`` (its numbers follow from the tables, so it is kept as long as they are)."""
+        node = self._nodes.get(path)
+        if node is None:
+            node = self._resolve(path, major, minor, default_mode, cap)
+            self._nodes[path] = node
+        return node
+
+    def _resolve(self, path: str, major: int | None, minor: int, default_mode: int | None, cap: str) -> DeviceNode:
         host = self.dev_root / path.removeprefix("/dev/")
         try:
             st = host.stat()
@@ -170,7 +180,7 @@ class HostDevices:
         if major is None:
             self._warn_once(path, "no major number for this device in /proc/devices; listed by path only")
             return DeviceNode(path)
-        return DeviceNode(path, major, minor, default_mode)
+        return DeviceNode(path, major, minor, default_mode if default_mode is not None else self._cap_mode(cap))
 
     def _cap_mode(self, cap: str) -> int:
         gpu, _, rest = cap.partition("/")
