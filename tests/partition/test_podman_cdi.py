@@ -7,7 +7,8 @@ runtime creates them from the spec) and the ld.so cache the ldcache hook built.
 Podman 4.3.1 reads CDI specs only from /etc/cdi and /var/run/cdi (it has neither --cdi-spec-dir nor the
 containers.conf cdi_spec_dirs key), so podman runs in a private mount namespace where a tmpfs over /run holds this
 test's spec directory and podman's run-time state; nothing on the host is touched. Podman's storage lives in the
-test's tmp dir.
+test's tmp dir. No AppArmor or SELinux profile (a fresh Debian 12 has AppArmor in the kernel but may lack
+apparmor_parser), and rlimits no higher than this process has (podman's defaults fail without CAP_SYS_RESOURCE).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ mount --bind "$CDI_DIR" "$run/cdi"
 if [ -d /etc/cdi ]; then mount -t tmpfs tmpfs /etc/cdi; fi
 exec podman --root "$WORK/storage" --runroot "$run/podman" --tmpdir "$run/libpod" --storage-driver vfs \\
   --runtime runc --cgroup-manager cgroupfs --events-backend none \\
-  run --rm --network none --ulimit "nofile=$LIMIT:$LIMIT" --ulimit "nproc=$LIMIT:$LIMIT" \\
+  run --rm --network none --security-opt apparmor=unconfined --security-opt label=disable \\
+  --ulimit "nofile=$LIMIT:$LIMIT" --ulimit "nproc=$LIMIT:$LIMIT" \\
   --device "xpu-runtime-kit.io/gpu=$DEVICE" --rootfs "$ROOTFS" /bin/sh /probe.sh
 """
 
