@@ -117,6 +117,9 @@ class PartitionSettings:
     lease_default_seconds: float = 300.0
     owner_grace_seconds: float = 60.0
     cgroup_root: Path = Path("/sys/fs/cgroup")
+    # auto: the driver's libraries and binaries (found through the ld.so cache) go into every CDI device, with an
+    # ldcache hook; off: the operator relies on nvidia-container-toolkit for them. Never on a simulated node.
+    cdi_driver_libraries: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +493,7 @@ PARTITION_KEYS = {
     "lease_default_seconds",
     "owner_grace_seconds",
     "cgroup_root",
+    "cdi_driver_libraries",
 }
 
 
@@ -521,6 +525,9 @@ def parse_partitions(table: Any) -> PartitionSettings:
     mps = _string(table, "mps", "partitions.", "auto")
     if mps not in ("auto", "nvidia", "simulated"):
         raise ConfigError(f"partitions.mps: must be auto, nvidia or simulated, got {mps!r}")
+    driver_libraries = _string(table, "cdi_driver_libraries", "partitions.", "auto")
+    if driver_libraries not in ("auto", "off"):
+        raise ConfigError(f"partitions.cdi_driver_libraries: must be auto or off, got {driver_libraries[:100]!r}")
     return PartitionSettings(
         enabled=enabled,
         cdi_dir=path("cdi_dir"),
@@ -534,6 +541,7 @@ def parse_partitions(table: Any) -> PartitionSettings:
         lease_default_seconds=_number(table, "lease_default_seconds", "partitions", 300.0, minimum=1, maximum=86400),
         owner_grace_seconds=_number(table, "owner_grace_seconds", "partitions", 60.0, minimum=0, maximum=3600),
         cgroup_root=path("cgroup_root") or d.cgroup_root,
+        cdi_driver_libraries=driver_libraries,
     )
 
 

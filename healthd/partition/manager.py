@@ -33,6 +33,7 @@ from healthd.partition import planner
 from healthd.partition.capacity import MIB, CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
 from healthd.partition.device_calls import MigInUseError, compute_slices, driver, find_instance, placement_of
+from healthd.partition.devnodes import HostDevices
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, not_found, precondition, unavailable
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
@@ -89,6 +90,7 @@ class PartitionManager:
         proc_root: Path = Path("/proc"),
         order_any: planner.CardOrder = planner.pick_card,
         snapshot: Callable[[], Snapshot | None] = lambda: None,
+        devices: HostDevices | None = None,
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -106,6 +108,7 @@ class PartitionManager:
         self._snapshot = snapshot
         self._store_io = SerialExecutor("partition-store")  # SQLite and the CDI file
         self._host_io = SerialExecutor("partition-host")  # MPS control daemons, owner checks (/proc, cgroups)
+        self._devices = devices or HostDevices(proc_root)  # device numbers for the CDI spec
         self._infos: list[DeviceInfo] = []
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._hw_mig: dict[int, bool] = {}
@@ -503,7 +506,7 @@ class PartitionManager:
             record,
             gpu_minor=record.gpu if isinstance(minor, Unsupported) else minor,
             pipe_dir=pipe,
-            proc_root=self._proc_root,
+            devices=self._devices,
         )
 
     def cdi_name(self, record: PartitionRecord) -> str:

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import structlog
 
-from exporter.backends.guarded import GuardedBackend
+from exporter.backends.guarded import DeviceAccess, GuardedBackend
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.snapshot import Snapshot
 from healthd.config import DEFAULT_RUNTIME_DIR, PartitionSettings
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.devnodes import HostDevices
+from healthd.partition.driverlibs import discover_driver_edits
 from healthd.partition.errors import PartitionError
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.metrics import PartitionCollector
@@ -26,6 +28,7 @@ from healthd.partition.owners import OwnerProbe, PodExists
 from healthd.partition.planner import CardOrder, pick_card
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
+from healthd.partition.simdevices import simulated_host_devices
 from healthd.server import GrpcServer, Service
 
 log = structlog.get_logger("partition")
@@ -33,6 +36,7 @@ log = structlog.get_logger("partition")
 SERVICE_NAME = "xpu.runtime.v1.Partitions"
 STATE_FILE = "partitions.sqlite"
 SYSTEM_CDI_DIR = Path("/var/run/cdi")
+SIM_DEVICES_DIR = "simulated-driver"
 
 
 def add_partitions(servicer: object, server: object) -> None:
@@ -53,7 +57,7 @@ class Partitions:
     def __init__(
         self,
         settings: PartitionSettings,
-        backend: GuardedBackend,
+        device: Backend | GuardedBackend,
         state_dir: Path,
         *,
         snapshot: Callable[[], Snapshot | None] = lambda: None,
@@ -66,17 +70,21 @@ class Partitions:
         from healthd.partition.store import Store
 
         self.settings = settings
+        backend = device if isinstance(device, GuardedBackend) else GuardedBackend(DeviceAccess(device))
         simulated = isinstance(backend.raw, SimulatedBackend)
         self.runtime_dir = settings.runtime_dir or (main_socket.parent if main_socket else DEFAULT_RUNTIME_DIR)
         self.admin_socket = settings.admin_socket or self.runtime_dir / "healthd-admin.sock"
         self.cdi_dir = settings.cdi_dir or (state_dir / "cdi" if simulated else SYSTEM_CDI_DIR)
         self.store = Store(state_dir / STATE_FILE)
+        # CDI inputs: the driver's device tables (simulated under the state dir) and, on real GPUs, its libraries
+        self.devices = simulated_host_devices(state_dir / SIM_DEVICES_DIR) if simulated else HostDevices()
+        driver_edits = discover_driver_edits() if settings.cdi_driver_libraries == "auto" and not simulated else None
         self.mps = MpsSupervisor(mps or choose_mps(settings, backend.raw), self.runtime_dir)
         self.manager = PartitionManager(
             backend,
             self.store,
             self.mps,
-            CdiWriter(self.cdi_dir),
+            CdiWriter(self.cdi_dir, common=driver_edits),
             OwnerProbe(cgroup_root=settings.cgroup_root, pod_exists=pod_exists, clock=clock),
             settings=ManagerSettings(
                 lease_default_seconds=settings.lease_default_seconds,
@@ -85,6 +93,7 @@ class Partitions:
             clock=clock,
             order_any=order_any,
             snapshot=snapshot,
+            devices=self.devices,
         )
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
