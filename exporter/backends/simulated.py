@@ -598,6 +598,14 @@ class SimulatedBackend:
             card.ecc_pending = False
         return f"ECC mode change pending on GPU {card.index}"
 
+    def _fault_recovery_action(self, card: _Card, p: dict[str, str]) -> str:
+        """The raw NVML_FI_DEV_GET_GPU_RECOVERY_ACTION value, numbered as the scenario's driver branch numbers it
+        (R580: 5 is a bus reset); code=0 takes it back."""
+        code = _int(p, "code", minimum=0)
+        with card.lock:
+            card.recovery_action = code
+        return f"GPU {card.index} reports recovery action {code} (driver {self.scenario.driver_version})"
+
     def _fault_pcie_replay(self, card: _Card, p: dict[str, str]) -> str:
         count = _int(p, "count", default=1, minimum=1)
         with card.lock:
@@ -681,6 +689,7 @@ FAULT_PARAMS: Mapping[str, frozenset[str]] = {
     "mig_pending": frozenset(),
     "ecc_pending": frozenset(),
     "pcie_replay": frozenset({"count"}),
+    "recovery_action": frozenset({"code"}),
 }
 """Fault kinds the simulated node accepts, with the parameters each takes."""
 
