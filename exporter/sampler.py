@@ -22,7 +22,7 @@ import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
-from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo, Unknown
 from exporter.snapshot import CallCounters, GpuSnapshot, Snapshot
 
 T = TypeVar("T")
@@ -143,7 +143,16 @@ class _GpuWorker:
             if info is None:
                 info = self.info = self._call("device_info", b.device_info)
             sample = self._call("sample", b.sample)
-            processes = self._call("processes", b.processes)
+            listed = self._call("processes", b.processes)
+            if isinstance(listed, Unknown):
+                # Bridge until the sampler degrades per part (issue 18): UNKNOWN must not pass for "no process"
+                # (the leak probe would call the card's memory unowned), so the card fails as it did before.
+                raise BackendError(
+                    "the driver would not list the card's processes (NVML_ERROR_NO_PERMISSION with MIG on)",
+                    call="processes",
+                    code="processes_unknown",
+                )
+            processes = listed
             if sample.mig_mode_current is True:
                 instances = self._call("mig_instances", b.mig_instances)
         except BackendError as exc:
