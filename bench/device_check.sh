@@ -37,6 +37,12 @@ for name in ("pynvml", "prometheus_client", "grpc", "google.protobuf", "structlo
         print(f"{name:<18} MISSING ({exc})")
 EOF
 
+echo "== XID event registration (reads only: event sets are made and freed, no card setting changes)"
+# Which event types each card supports and accepts one by one, the daemon's XID/ECC mask registered and waited on,
+# a second registration in a new set (as after a reset), the recovery-action field decoded by driver branch, and
+# whether the parent card's process list answers. JSON in $OUT/xid_registration.json.
+timeout 120 python3 bench/xid_registration.py --out "$OUT" 2>&1 | tee "$OUT/xid_registration.log"
+
 echo "== contract tests on real NVML"
 XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_backend_contract.py \
   2>&1 | tee "$OUT/pytest.log" | tail -25

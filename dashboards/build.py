@@ -267,6 +267,10 @@ RECOVERY = [
             "2": {"text": "reboot", "color": RED},
             "3": {"text": "drain P2P", "color": ORANGE},
             "4": {"text": "drain + reset", "color": RED},
+            "5": {"text": "recover IMEX domain", "color": ORANGE},
+            "6": {"text": "bus reset", "color": RED},
+            "7": {"text": "system reboot", "color": RED},
+            "-1": {"text": "unknown to this driver", "color": ORANGE},
         },
     }
 ]

@@ -33,7 +33,7 @@ from exporter.backends.guarded import (
     Pending,
 )
 from exporter.backends.protocol import Backend
-from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo, Unknown
 from exporter.bus import LatestBus, SubscriberStats
 from exporter.snapshot import GpuSnapshot, Snapshot, StuckCall
 
@@ -229,7 +229,11 @@ class Sampler:
                 c.mig_call = self.device.submit(c.index, "mig_instances")
         for c in cycles:
             if c.processes_call is not None:
-                c.processes = self._part(c, "processes", c.processes_call, ())
+                listed = self._part(c, "processes", c.processes_call, ())
+                if isinstance(listed, Unknown):  # the driver answers, but will not list them (no permission)
+                    c.partial["processes"] = "unknown: the driver does not list this card's processes to this daemon"
+                    listed = ()
+                c.processes = listed
             if c.mig_call is not None:
                 c.mig_instances = self._part(c, "mig_instances", c.mig_call, ())
 
@@ -248,6 +252,14 @@ class Sampler:
 
     def _absorb(self, c: _CardCycle) -> None:
         prev = self._gpus.get(c.index)
+        mig_changed = (
+            c.sample is not None
+            and prev is not None
+            and prev.sample is not None
+            and prev.sample.mig_mode_current != c.sample.mig_mode_current
+        )
+        if mig_changed:
+            self._infos.pop(c.index, None)  # identity (the minor number) may change with MIG mode: read it again
         if c.error is None and c.sample is not None:
             self._gpus[c.index] = GpuSnapshot(
                 index=c.index,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from exporter.backends.recovery import RecoveryAction, decode_recovery_action
 from exporter.backends.types import ComputeMode, LinkState, Unsupported
 from exporter.collectors.card import CLOCK_EVENT_REASONS
 from exporter.health import Level, NodeStatus
@@ -22,7 +23,6 @@ from exporter.snapshot import GpuSnapshot, Snapshot
 SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
 LEAK_BYTES = 1 << 30
 T = TypeVar("T")
-RECOVERY = {1: "GPU reset", 2: "node reboot", 3: "drain peer-to-peer", 4: "drain and reset"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class Problem:
     text: str
 
 
-def card_problems(gpu: GpuSnapshot) -> list[Problem]:
+def card_problems(gpu: GpuSnapshot, driver_version: str | None = None) -> list[Problem]:
     """What the card data alone shows to be wrong (display only; the daemon's probes decide faults)."""
     if not gpu.fresh:
         return [Problem("bad", f"not answering ({gpu.error_code or 'error'}): {gpu.error or ''}".rstrip(": "))]
@@ -84,8 +84,13 @@ def card_problems(gpu: GpuSnapshot) -> list[Problem]:
         down = [link.link for link in s.nvlinks if link.state is LinkState.DOWN]
         if down:
             out.append(Problem("bad", f"NVLink {', '.join(map(str, down))} down"))
-    if isinstance(s.recovery_action, int) and s.recovery_action in RECOVERY:
-        out.append(Problem("bad", f"driver asks for {RECOVERY[s.recovery_action]}"))
+    if isinstance(s.recovery_action, int) and s.recovery_action:
+        action = decode_recovery_action(s.recovery_action, driver_version)
+        if action is None:
+            out.append(Problem("warn", f"driver asks for recovery action {s.recovery_action} (unknown on this driver)"))
+        elif action is not RecoveryAction.NONE:
+            level = "warn" if action in (RecoveryAction.DRAIN_P2P, RecoveryAction.RECOVER_IMEX_DOMAIN) else "bad"
+            out.append(Problem(level, f"driver asks for {action.text}"))
     if s.compute_mode is ComputeMode.PROHIBITED:
         out.append(Problem("warn", "compute mode Prohibited"))
     if isinstance(s.clock_event_reasons, int):
@@ -125,7 +130,7 @@ def _gpu_rows(snapshot: Snapshot) -> str:
     rows = []
     for gpu in snapshot.gpus:
         info, s = gpu.info, gpu.sample
-        problems = card_problems(gpu)
+        problems = card_problems(gpu, snapshot.system.driver_version if snapshot.system else None)
         level = "bad" if any(p.level == "bad" for p in problems) else "warn" if problems else "ok"
         state = "".join(f'<span class="pill {p.level}">{_e(p.text)}</span>' for p in problems) or (
             '<span class="pill ok">ok</span>'
@@ -253,8 +258,9 @@ def render_status_page(
     checks = _call(providers.checks)
     partitions = _call(providers.partitions)
     stuck = [g.index for g in snapshot.gpus if not g.fresh]
-    bad = [g.index for g in snapshot.gpus if any(p.level == "bad" for p in card_problems(g))]
-    warn = [g.index for g in snapshot.gpus if card_problems(g) and g.index not in bad]
+    driver_version = snapshot.system.driver_version if snapshot.system else None
+    bad = [g.index for g in snapshot.gpus if any(p.level == "bad" for p in card_problems(g, driver_version))]
+    warn = [g.index for g in snapshot.gpus if card_problems(g, driver_version) and g.index not in bad]
     if not snapshot.backend_up:
         banner = ("bad", f"GPU driver library not usable: {snapshot.backend_error}")
     elif bad or faults:

@@ -7,8 +7,17 @@ capture says "Not Supported" the fake raises NotSupported (fan, NUMA node, retir
 ``nvlinks=0``). Readings the capture lacks are modelled and marked as such below.
 
 Knobs on the returned :class:`FakeNvml`: ``fail(call, code)`` makes one NVML function fail, ``lose_gpu()`` makes
-every device call answer GPU_IS_LOST, ``advance_pcie()`` moves the 32-bit PCIe byte counters, ``post_xid()`` queues
-an XID event, ``add_captured_process()`` adds the process the MIG probe saw. ``calls`` counts every NVML call.
+every device call answer GPU_IS_LOST (one card's, or all), ``recover_gpu()`` brings a lost card back as a reset
+does, ``reset_gpu()`` resets a card between two calls, ``set_mig()`` changes MIG mode as nvmlDeviceSetMigMode does
+(the card is reset: new handles, a new minor number), ``unprivileged()`` makes the parent card's process list
+answer NO_PERMISSION while MIG is on, ``advance_pcie()`` moves the 32-bit PCIe byte counters, ``post_xid()`` raises an
+XID (optionally inside a MIG instance), ``add_captured_process()`` adds the process the MIG probe saw. ``calls``
+counts every NVML call.
+
+Events follow NVML: an event is queued in every live event set that holds a registration of its card made since
+the card's last reset; a card reset (or MIG mode change, or loss) ends its registrations, so an event nobody
+registered for again is lost (``undelivered`` counts them). A wait on a set holding a lost card's registration
+answers GPU_IS_LOST while nothing is queued.
 """
 
 from __future__ import annotations
@@ -116,25 +125,29 @@ class FakeNvml:
     nvlinks: int = 0
     mig: bool = False
     errors: dict[str, int] = field(default_factory=dict)  # NVML call -> return code it fails with
-    lost: bool = False
+    lost: set[int] = field(default_factory=set)  # cards that answer GPU_IS_LOST
+    privileged: bool = True  # False: the parent card's process list is NO_PERMISSION while MIG is on
     calls: Counter[str] = field(default_factory=Counter)
     pcie_tx_bytes: int = 0  # true byte totals; NVML reports them modulo 2**32
     pcie_rx_bytes: int = 0
     pcie_step: tuple[int, int] = (0, 0)  # (tx, rx) bytes added after every nvmlDeviceGetFieldValues
     energy_mj: int = 0
     processes: list[tuple[int, int | None, int, int]] = field(default_factory=list)
-    events: list[tuple[int, int, int]] = field(default_factory=list)  # (gpu, event type, event data)
     initialised: bool = False
+    resets: dict[int, int] = field(default_factory=dict)  # gpu -> resets so far (a registration holds one value)
+    minor_shift: int = 0  # added to the minor numbers after a MIG mode change
+    energy_base: dict[int, int] = field(default_factory=dict)  # gpu -> energy counter value at its last reset
+    undelivered: int = 0  # events no live registration was there to take
 
     def __post_init__(self) -> None:
         fields = self.capture.fields
         self.pcie_tx_bytes = int(fields[pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES][1])
         self.pcie_rx_bytes = int(fields[pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES][1])
         self.energy_mj = int(fields[pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION][1])
-        self.handles = [
-            ctypes.cast(ctypes.c_void_p(0x1000 + 0x100 * i), pynvml.c_nvmlDevice_t) for i in range(self.count)
-        ]
-        self._event_set = ctypes.cast(ctypes.c_void_p(0x7700), pynvml.c_nvmlEventSet_t)
+        self._handle_base = 0x1000
+        self.handles = self._new_handles()
+        self._sets: dict[int, _EventSet] = {}  # live event sets by address
+        self._next_set = 0x7700
 
     # --- knobs for tests -------------------------------------------------------------------------------------
 
@@ -142,16 +155,70 @@ class FakeNvml:
         """Make every later ``call`` raise ``NVMLError(code)`` (``nvmlDeviceGetMemoryInfo_v2``: the v2 form only)."""
         self.errors[call] = code
 
-    def lose_gpu(self) -> None:
-        """Every device call answers GPU_IS_LOST from now on, as NVML does after the card falls off the bus."""
-        self.lost = True
+    def lose_gpu(self, gpu: int | None = None) -> None:
+        """The card's device calls (every card's with None) answer GPU_IS_LOST from now on, as NVML does after the
+        card falls off the bus; its event registrations end."""
+        for index in range(self.count) if gpu is None else (gpu,):
+            self.lost.add(index)
+            self._end_registrations(index)
+
+    def recover_gpu(self, gpu: int) -> None:
+        """The lost card answers again, reset: counters start over and it must be registered for events anew."""
+        self.lost.discard(gpu)
+        self.reset_gpu(gpu)
+
+    def reset_gpu(self, gpu: int) -> None:
+        """A GPU reset between two calls (nvidia-smi -r): energy since load restarts at 0, registrations end."""
+        self.energy_base[gpu] = self.energy_mj
+        self._end_registrations(gpu)
+
+    def set_mig(self, enabled: bool, *, new_handles: bool = True) -> None:
+        """nvmlDeviceSetMigMode on every card, applied by a reset: old handles become invalid (INVALID_ARGUMENT)
+        when ``new_handles``, the minor numbers change, registrations end."""
+        self.mig = enabled
+        self.minor_shift += 8
+        if new_handles:
+            self._handle_base += 0x10000
+            self.handles = self._new_handles()
+        for gpu in range(self.count):
+            self._end_registrations(gpu)
+
+    def unprivileged(self) -> None:
+        self.privileged = False
 
     def advance_pcie(self, tx_bytes: int, rx_bytes: int) -> None:
         self.pcie_tx_bytes += tx_bytes
         self.pcie_rx_bytes += rx_bytes
 
-    def post_xid(self, gpu: int, xid: int) -> None:
-        self.events.append((gpu, pynvml.nvmlEventTypeXidCriticalError, xid))
+    def post_xid(self, gpu: int, xid: int, *, gpu_instance: int | None = None, compute_instance: int = 0) -> None:
+        """An XID on the card, or inside its MIG instance (NVML then fills gpuInstanceId/computeInstanceId)."""
+        mig = (NO_INSTANCE, NO_INSTANCE) if gpu_instance is None else (gpu_instance, compute_instance)
+        self.post_event(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, mig)
+
+    def post_event(
+        self, gpu: int, event_type: int, data: int, mig: tuple[int, int] = (NO_INSTANCE, NO_INSTANCE)
+    ) -> None:
+        taken = False
+        for event_set in self._sets.values():
+            registration = event_set.registered.get(gpu)
+            if registration is not None and registration[1] == self.resets.get(gpu, 0) and registration[0] & event_type:
+                event_set.queue.append((gpu, event_type, data, *mig))
+                taken = True
+        if not taken:
+            self.undelivered += 1
+
+    def registered_gpus(self) -> set[int]:
+        """Cards whose current registration sits in a live event set (what a posted event would reach)."""
+        return {
+            gpu
+            for event_set in self._sets.values()
+            for gpu, (_mask, reset) in event_set.registered.items()
+            if reset == self.resets.get(gpu, 0)
+        }
+
+    @property
+    def live_sets(self) -> int:
+        return len(self._sets)
 
     def add_captured_process(self) -> None:
         self.processes.append(CAPTURED_PROCESS)
@@ -164,11 +231,29 @@ class FakeNvml:
             self.calls[call] += 1
             if call in self.errors:
                 raise pynvml.NVMLError(self.errors[call])
-            if self.lost and call.startswith("nvmlDevice"):
+            if self.lost and call.startswith("nvmlDevice") and self._device_of(args) in self.lost:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
             return fn(*args, **kwargs)
 
         return guarded
+
+    def _device_of(self, args: tuple[Any, ...]) -> int | None:
+        """The card a device call is about: its handle, or the index of nvmlDeviceGetHandleByIndex."""
+        if not args:
+            return None
+        if isinstance(args[0], int):
+            return args[0]
+        address = ctypes.cast(args[0], ctypes.c_void_p).value if args[0] is not None else None
+        return next((i for i, h in enumerate(self.handles) if ctypes.cast(h, ctypes.c_void_p).value == address), None)
+
+    def _new_handles(self) -> list[Any]:
+        return [
+            ctypes.cast(ctypes.c_void_p(self._handle_base + 0x100 * i), pynvml.c_nvmlDevice_t)
+            for i in range(self.count)
+        ]
+
+    def _end_registrations(self, gpu: int) -> None:
+        self.resets[gpu] = self.resets.get(gpu, 0) + 1
 
     def _index(self, handle: Any) -> int:
         address = ctypes.cast(handle, ctypes.c_void_p).value
@@ -237,7 +322,7 @@ class FakeNvml:
         return info
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
-        return int(self._dev("minor")) + self._index(handle)
+        return int(self._dev("minor")) + self._index(handle) + self.minor_shift
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
         major, minor = self._dev("cc")
@@ -362,24 +447,24 @@ class FakeNvml:
                     return (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 0)
         return None
 
-    def _field(self, fid: int, scope: int) -> tuple[int, int | float] | None:
+    def _field(self, fid: int, scope: int, gpu: int = 0) -> tuple[int, int | float] | None:
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, self.pcie_tx_bytes % U32_SPAN
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, self.pcie_rx_bytes % U32_SPAN
         if fid in (pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, pynvml.NVML_FI_DEV_ENERGY):
-            return pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, self.energy_mj
+            return pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, self.energy_mj - self.energy_base.get(gpu, 0)
         if fid in self.capture.fields and scope == 0:
             return self.capture.fields[fid]
         return self._nvlink_field(fid, scope)
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any:
-        self._index(handle)
+        gpu = self._index(handle)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for slot, requested in zip(values, field_ids, strict=True):
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
             slot.fieldId, slot.scopeId = fid, scope
-            answer = self._field(fid, scope)
+            answer = self._field(fid, scope, gpu)
             if answer is None:  # what the card does with the 206 of 269 fields it did not answer
                 slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
@@ -417,6 +502,9 @@ class FakeNvml:
     # --- processes -------------------------------------------------------------------------------------------
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        self._index(handle)
+        if self.mig and not self.privileged:  # "aggregate information only if the caller has the privileges"
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
         procs = []
         for pid, used, _sm, _mem in self.processes:
             info = pynvml.c_nvmlProcessInfo_v3_t()
@@ -493,25 +581,47 @@ class FakeNvml:
     # --- events ----------------------------------------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> Any:
-        return self._event_set
+        address = self._next_set
+        self._next_set += 0x10
+        self._sets[address] = _EventSet()
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlEventSet_t)
+
+    def _set(self, event_set: Any) -> _EventSet:
+        found = self._sets.get(ctypes.cast(event_set, ctypes.c_void_p).value or 0)
+        if found is None:  # freed or never made: a caller bug the tests must see
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found
 
     def nvmlEventSetFree(self, event_set: Any) -> None:
-        return None
+        self._set(event_set)
+        del self._sets[ctypes.cast(event_set, ctypes.c_void_p).value or 0]
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._index(handle)
         return int(self._dev("supported_events"))
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
-        self._index(handle)
+        gpu = self._index(handle)
+        self._set(event_set).registered[gpu] = (int(event_types), self.resets.get(gpu, 0))
 
     def nvmlEventSetWait_v2(self, event_set: Any, timeoutms: int) -> Any:
-        if not self.events:  # the capture: "Timeout after 200 ms" (the fake answers at once)
+        live = self._set(event_set)
+        if not live.queue:
+            if any(gpu in self.lost for gpu in live.registered):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            # the capture: "Timeout after 200 ms" (the fake answers at once)
             raise pynvml.NVMLError(error_code(self.capture.device["event_wait"].split(" after")[0]))
-        gpu, event_type, data = self.events.pop(0)
+        gpu, event_type, data, gi, ci = live.queue.pop(0)
         event = pynvml.c_nvmlEventData_t()
         event.device, event.eventType, event.eventData = self.handles[gpu], event_type, data
-        event.gpuInstanceId = event.computeInstanceId = NO_INSTANCE
+        event.gpuInstanceId, event.computeInstanceId = gi, ci
         return event
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, tuple[int, int]] = field(default_factory=dict)  # gpu -> (event mask, resets at the time)
+    queue: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # gpu, type, data, gi, ci
 
 
 MODELLED_CALLS: tuple[str, ...] = tuple(
@@ -519,13 +629,16 @@ MODELLED_CALLS: tuple[str, ...] = tuple(
 )
 
 
-def install(monkeypatch: pytest.MonkeyPatch, *, nvlinks: int = 0, mig: bool = False, count: int = 1) -> FakeNvml:
+def install(
+    monkeypatch: pytest.MonkeyPatch, *, nvlinks: int = 0, mig: bool = False, count: int = 1, privileged: bool = True
+) -> FakeNvml:
     """Patch the pynvml functions NvmlBackend calls with answers from the capture; returns the fake's state.
 
     ``nvlinks=0``, ``mig=False``, ``count=1`` is the captured card as it was. ``nvlinks=N`` models N NVLinks up
-    (an HGX board), ``mig=True`` MIG mode on with no instances, ``count`` more copies of the captured card.
+    (an HGX board), ``mig=True`` MIG mode on with no instances, ``count`` more copies of the captured card,
+    ``privileged=False`` a caller without the privileges NVML wants for a MIG card's process list.
     """
-    state = FakeNvml(load_capture(), count=count, nvlinks=nvlinks, mig=mig)
+    state = FakeNvml(load_capture(), count=count, nvlinks=nvlinks, mig=mig, privileged=privileged)
     for name in MODELLED_CALLS:
         monkeypatch.setattr(pynvml, name, state._guard(name, getattr(state, name)))
     return state

@@ -18,7 +18,9 @@ import pytest
 
 from exporter.backends.errors import BackendError, InsufficientResourcesError, InUseError, NotFoundError
 from exporter.backends.protocol import Backend
+from exporter.backends.recovery import decode_recovery_action
 from exporter.backends.types import (
+    UNKNOWN,
     UNSUPPORTED,
     ComputeMode,
     DeviceEvent,
@@ -315,7 +317,9 @@ def test_sample_ratios_and_ranges(backend: Backend) -> None:
         if not isinstance(s.clock_event_reasons, Unsupported):
             assert s.clock_event_reasons >= 0
         if not isinstance(s.recovery_action, Unsupported):
-            assert 0 <= s.recovery_action <= 4
+            # a raw value the driver's own branch defines (the numbering differs between branches)
+            driver = backend.system_info().driver_version
+            assert decode_recovery_action(s.recovery_action, driver) is not None, (s.recovery_action, driver)
 
 
 def test_sample_error_counters_are_not_negative(backend: Backend) -> None:
@@ -402,6 +406,9 @@ def test_processes(backend: Backend) -> None:
         mig_on = backend.sample(index).mig_mode_current is True
         gpu_instances = {m.gpu_instance_id for m in backend.mig_instances(index)}
         procs = backend.processes(index)
+        if procs is UNKNOWN:  # NVML refuses the parent's list to an unprivileged caller, and only with MIG on
+            assert mig_on, f"GPU {index}: process list unknown with MIG off"
+            continue
         assert isinstance(procs, tuple)
         pids = [p.pid for p in procs]
         assert len(set(pids)) == len(pids), f"GPU {index}: duplicate PIDs {pids}"
@@ -429,6 +436,8 @@ def test_processes_twice(backend: Backend) -> None:
     for index in _indexes(backend):
         backend.processes(index)
         again = backend.processes(index)
+        if again is UNKNOWN:
+            continue
         assert isinstance(again, tuple)
         assert len({p.pid for p in again}) == len(again)
         for p in again:
@@ -543,6 +552,12 @@ def test_wait_event_returns_within_its_timeout(backend: Backend) -> None:
     assert isinstance(event.xid, int)
     assert event.xid >= 0
     assert abs(event.timestamp - time.time()) < 60
+    if event.gpu_instance_id is None:
+        assert event.compute_instance_id is None
+    else:  # an event inside a MIG instance: only on a card with MIG on
+        assert isinstance(event.gpu_instance_id, int) and event.gpu_instance_id >= 0
+        assert event.compute_instance_id is None or event.compute_instance_id >= 0
+        assert backend.sample(event.gpu_index).mig_mode_current is True
 
 
 def test_wait_event_zero_timeout(backend: Backend) -> None:

@@ -108,6 +108,7 @@ CAPTURED_MIG_PROFILES = {
     params=[
         pytest.param({}, id="h200-as-captured"),
         pytest.param({"nvlinks": 18, "mig": True, "count": 2}, id="h200x2-nvlink18-mig"),
+        pytest.param({"mig": True, "privileged": False}, id="h200-mig-unprivileged"),
     ]
 )
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NvmlBackend]:
@@ -460,6 +461,7 @@ def test_wait_event_delivers_an_xid(monkeypatch: pytest.MonkeyPatch) -> None:
     b = NvmlBackend()
     b.open()
     try:
+        assert b.wait_event(0) is None  # the first wait registers the cards; NVML queues only what comes after
         fake.post_xid(1, 79)
         event = b.wait_event(0.2)
         assert isinstance(event, DeviceEvent)

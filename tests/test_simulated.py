@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from exporter.backends.errors import GpuLostError, InsufficientResourcesError, InUseError, VersionMismatchError
 from exporter.backends.scenario import ScenarioError, load_scenario
 from exporter.backends.simulated import FAULT_PARAMS, SimulatedBackend
-from exporter.backends.types import UNSUPPORTED, EventKind, LinkState
+from exporter.backends.types import UNKNOWN, UNSUPPORTED, EventKind, LinkState
 from tests.conftest import FakeClock
 
 
@@ -168,3 +168,48 @@ def test_bad_scenario_files_name_the_problem(tmp_path: Path, text: str, message:
 def test_unknown_scenario_name() -> None:
     with pytest.raises(ScenarioError, match="no such built-in scenario"):
         load_scenario("h100x99")
+
+
+def test_process_list_denied_is_unknown_only_with_mig_on(sim: SimulatedBackend) -> None:
+    """As NVML: an unprivileged caller gets NO_PERMISSION for a MIG card's list, and the full list otherwise."""
+    for gpu in (0, 7):  # card 0 MIG off, card 7 MIG on
+        sim.inject("process_list_denied", gpu)
+    assert sim.processes(7) is UNKNOWN
+    assert sim.sample(7).mig_mode_current is True  # the rest of the card answers
+    assert [p.pid for p in sim.processes(0)] == [41001]  # type: ignore[union-attr]
+    sim.clear(7)
+    assert isinstance(sim.processes(7), tuple)
+
+
+def test_xid_inside_a_mig_instance_carries_its_ids(sim: SimulatedBackend) -> None:
+    sim.inject("xid", 7, {"code": "13", "gpu_instance_id": "2"})
+    event = sim.wait_event(0.01)
+    assert event is not None
+    assert (event.gpu_index, event.xid, event.gpu_instance_id, event.compute_instance_id) == (7, 13, 2, 0)
+    sim.inject("xid", 7, {"code": "79"})
+    whole = sim.wait_event(0.01)
+    assert whole is not None and (whole.gpu_instance_id, whole.compute_instance_id) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "params"),
+    [
+        (7, {"code": "13", "gpu_instance_id": "5"}),  # no such GPU instance on card 7
+        (0, {"code": "13", "gpu_instance_id": "1"}),  # MIG off
+        (7, {"code": "13", "gpu_instance_id": "1", "compute_instance_id": "3"}),
+        (7, {"code": "13", "compute_instance_id": "0"}),
+    ],
+)
+def test_xid_in_an_instance_that_does_not_exist_is_refused(
+    sim: SimulatedBackend, gpu: int, params: dict[str, str]
+) -> None:
+    with pytest.raises(ValueError, match="instance"):
+        sim.inject("xid", gpu, params)
+    assert sim.wait_event(0.01) is None
+
+
+def test_recovery_action_is_the_raw_driver_value(sim: SimulatedBackend) -> None:
+    sim.inject("recovery_action", 2, {"code": "5"})  # R580's bus reset
+    assert sim.sample(2).recovery_action == 5
+    sim.inject("recovery_action", 2, {"code": "0"})
+    assert sim.sample(2).recovery_action == 0

@@ -39,6 +39,7 @@ from exporter.backends.types import (
     MigInstance,
     MigProfile,
     SystemInfo,
+    Unknown,
     Unsupported,
 )
 from exporter.snapshot import CallCounters
@@ -464,7 +465,7 @@ class GuardedBackend:
     def sample(self, index: int) -> DeviceSample:
         return self._run(index, "sample", _bind(self.access.backend.sample, index), self._read)
 
-    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unknown:
         return self._run(index, "processes", _bind(self.access.backend.processes, index), self._read)
 
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:

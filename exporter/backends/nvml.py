@@ -7,6 +7,11 @@ function that failed. The per-cycle path (:meth:`NvmlBackend.sample`) reads coun
 (``nvmlDeviceGetPcieThroughput`` 20 ms, ``nvmlDeviceGetTotalEnergyConsumption`` 4.5 ms) or
 ``nvmlDeviceGetMaxClockInfo`` (1.4 ms, read once in :meth:`NvmlBackend.device_info`).
 
+Per-card state (handle, identity with the minor number, NVLink list, field request, MIG profiles) is cached and
+renewed when ``nvml_cards.CardWatch`` finds it stale: a MIG mode change, a handle NVML rejects, a card back from
+GPU_IS_LOST / RESET_REQUIRED or reset between samples. The event set (``nvml_events.py``) is rebuilt then too. A
+process list NVML refuses (NO_PERMISSION: a MIG card's parent list without privileges) is ``UNKNOWN``.
+
 Thread safety: NVML is thread-safe; the sampler calls per-device methods from one thread per GPU and
 :meth:`NvmlBackend.wait_event` from its own thread. Shared caches are guarded by one lock.
 """
@@ -18,11 +23,11 @@ import ctypes
 import dataclasses
 import inspect
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import pynvml
+import structlog
 
 from exporter.backends.errors import (
     BackendError,
@@ -35,14 +40,16 @@ from exporter.backends.errors import (
     ResetRequiredError,
     VersionMismatchError,
 )
+from exporter.backends.nvml_cards import CardWatch, Refresh, per_card
+from exporter.backends.nvml_events import EventSet, handle_key
 from exporter.backends.types import (
+    UNKNOWN,
     UNSUPPORTED,
     ComputeMode,
     DeviceEvent,
     DeviceInfo,
     DeviceSample,
     EccCounts,
-    EventKind,
     GpuProcess,
     LinkState,
     MigInstance,
@@ -50,10 +57,12 @@ from exporter.backends.types import (
     NvLinkSample,
     RemappedRows,
     SystemInfo,
+    Unknown,
     Unsupported,
 )
 
 T = TypeVar("T")
+log = structlog.get_logger("nvml")
 
 _MIB: Final = 1024 * 1024
 _KIB: Final = 1024
@@ -150,10 +159,6 @@ _FI_LINK_RECOVERY: Final = _per_link_ids("RECOVERY")
 
 # Counters NVML may report as 32-bit values that wrap; the backend extends them to monotonic counters.
 _WRAPPING_FIELDS: Final = frozenset({_FI_PCIE_TX, _FI_PCIE_RX, _FI_PCIE_REPLAY, _FI_NVLINK_TX, _FI_NVLINK_RX})
-
-_EVENT_MASK: Final = (
-    pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError | pynvml.nvmlEventTypeSingleBitEccError
-)
 
 
 # --- error translation and optional readings -------------------------------------------------------------------
@@ -296,16 +301,12 @@ def _list_call(call: str, fn: Callable[..., Any], item_type: Any, capacity: int,
     return list(items[: min(count.value, capacity)])
 
 
-def _handle_key(handle: Any) -> int | None:
-    return ctypes.cast(handle, ctypes.c_void_p).value
-
-
 class NvmlBackend:
     """The Backend protocol on real NVIDIA GPUs."""
 
     name = "nvml"
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", *, event_retry_seconds: float = 30.0) -> None:
         self.proc_root = proc_root  # kept for callers that resolve PIDs; NVML reports host PIDs
         self._lock = threading.Lock()
         self._open = False
@@ -317,10 +318,17 @@ class NvmlBackend:
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._util_seen: dict[int, int] = {}  # gpu -> last process-utilization timestamp (us)
         self._counters = _CounterExtender()
-        self._event_set: Any = None  # None until created, and when no card supports the events
-        self._event_gpus: dict[int, int] = {}  # device handle address -> gpu index
-        self._events_ready = False
-        self._event_lock = threading.Lock()
+        self._cards = CardWatch()
+        self.call_nesting = threading.local()  # per-card calls made inside another are not watched twice
+        self._event_set = EventSet(
+            count=lambda: self._count,
+            handle=self._handle,
+            uuid=lambda index: self.device_info(index).uuid,
+            call=_call,
+            optional=_optional,
+            translate=_translate,
+            retry_seconds=event_retry_seconds,  # how often a card that could not be registered is tried again
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -345,13 +353,8 @@ class NvmlBackend:
             if not self._open:
                 return
             self._open = False
-            with self._event_lock:
-                if self._event_set is not None:
-                    with contextlib.suppress(pynvml.NVMLError):  # the library is going away anyway
-                        pynvml.nvmlEventSetFree(self._event_set)
-                    self._event_set = None
-                self._event_gpus = {}
-                self._events_ready = False
+            self._event_set.close()
+            self._cards.forget()
             for cache in (self._handles, self._infos, self._links, self._field_requests, self._profiles):
                 cache.clear()
             self._util_seen.clear()
@@ -378,6 +381,7 @@ class NvmlBackend:
         self._require_open()
         return self._count
 
+    @per_card
     def device_info(self, index: int) -> DeviceInfo:
         cached = self._infos.get(index)
         if cached is not None:
@@ -439,6 +443,7 @@ class NvmlBackend:
             links.append(link)
         return tuple(links)
 
+    @per_card
     def nvlink_peers(self, index: int) -> tuple[str, ...] | Unsupported:
         """Per active link: the remote GPU's PCI bus id, or "nvswitch" (nvmlDeviceGetNvLinkRemoteDeviceType SWITCH;
         on NVSwitch systems the remote PCI info names the switch, not a GPU)."""
@@ -463,6 +468,7 @@ class NvmlBackend:
 
     # --- the hot path ------------------------------------------------------------------------------------------
 
+    @per_card
     def sample(self, index: int) -> DeviceSample:
         h = self._handle(index)
         info = self.device_info(index)
@@ -631,15 +637,12 @@ class NvmlBackend:
 
     # --- processes ---------------------------------------------------------------------------------------------
 
-    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+    @per_card
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unknown:
         h = self._handle(index)
-        running = _optional(
-            "nvmlDeviceGetComputeRunningProcesses_v3", pynvml.nvmlDeviceGetComputeRunningProcesses_v3, h
-        )
-        if running is UNSUPPORTED:  # drivers before 510
-            running = _optional(
-                "nvmlDeviceGetComputeRunningProcesses_v2", pynvml.nvmlDeviceGetComputeRunningProcesses_v2, h
-            )
+        running = _running_processes(h)
+        if isinstance(running, Unknown):
+            return UNKNOWN
         if isinstance(running, Unsupported) or not running:
             return ()
         sm_util = self._process_sm_util(index, h)
@@ -684,6 +687,7 @@ class NvmlBackend:
 
     # --- MIG ---------------------------------------------------------------------------------------------------
 
+    @per_card
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
         cached = self._profiles.get(index)
         if cached is not None:
@@ -733,6 +737,7 @@ class NvmlBackend:
                 raise _translate(err, call) from err
         return _skippable(call, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const, 1)
 
+    @per_card
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
         h = self._handle(index)
         if not self._mig_enabled(h):
@@ -780,6 +785,7 @@ class NvmlBackend:
             )
         return tuple(sorted(result, key=lambda m: (m.gpu_instance_id, m.compute_instance_id)))
 
+    @per_card
     def create_mig_instance(self, index: int, profile_id: int, placement_start: int) -> MigInstance:
         h = self._handle(index)
         if not self._mig_enabled(h):
@@ -820,6 +826,7 @@ class NvmlBackend:
             call="nvmlDeviceGetMigDeviceHandleByIndex",
         )
 
+    @per_card
     def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
         h = self._handle(index)
         if not self._mig_enabled(h):
@@ -888,69 +895,39 @@ class NvmlBackend:
     # --- events ------------------------------------------------------------------------------------------------
 
     def wait_event(self, timeout_s: float) -> DeviceEvent | None:
-        event_set = self._events()
-        deadline = time.monotonic() + max(timeout_s, 0.0)
-        while True:
-            remaining_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-            if event_set is None:  # no card supports the events: behave like a quiet card
-                time.sleep(remaining_ms / 1000)
-                return None
-            try:
-                data = pynvml.nvmlEventSetWait_v2(event_set, remaining_ms)
-            except pynvml.NVMLError as err:
-                if _error_code(err) == pynvml.NVML_ERROR_TIMEOUT:
-                    return None
-                raise _translate(err, "nvmlEventSetWait_v2") from err
-            event = self._to_event(data)
-            if event is not None or remaining_ms == 0:
-                return event
-
-    def _events(self) -> Any:
-        """The one event set, created on first use: XID and ECC events on every card that supports them."""
+        """The next XID or ECC event of any card (nvml_events.py keeps the set registered across resets)."""
         self._require_open()
-        handles = [self._handle(index) for index in range(self._count)]  # outside _event_lock: _handle locks
-        with self._event_lock:
-            if self._events_ready:
-                return self._event_set
-            event_set = _call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
-            registered: dict[int, int] = {}
-            for index, h in enumerate(handles):
-                supported = _optional("nvmlDeviceGetSupportedEventTypes", pynvml.nvmlDeviceGetSupportedEventTypes, h)
-                mask = _EVENT_MASK if supported is UNSUPPORTED else _EVENT_MASK & int(supported)
-                if not mask:
-                    continue
-                ok = _optional("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, h, mask, event_set)
-                key = _handle_key(h)
-                if ok is not UNSUPPORTED and key is not None:
-                    registered[key] = index
-            if not registered:
-                with contextlib.suppress(pynvml.NVMLError):
-                    pynvml.nvmlEventSetFree(event_set)
-                event_set = None
-            self._event_set, self._event_gpus, self._events_ready = event_set, registered, True
-            return event_set
+        return self._event_set.wait(timeout_s)
 
-    def _to_event(self, data: Any) -> DeviceEvent | None:
-        event_type = int(data.eventType)
-        if event_type & pynvml.nvmlEventTypeXidCriticalError:
-            kind = EventKind.XID
-        elif event_type & pynvml.nvmlEventTypeDoubleBitEccError:
-            kind = EventKind.ECC_DOUBLE_BIT
-        elif event_type & pynvml.nvmlEventTypeSingleBitEccError:
-            kind = EventKind.ECC_SINGLE_BIT
-        else:
-            return None
-        key = _handle_key(data.device)
-        index = self._event_gpus.get(key, -1) if key is not None else -1
-        if index < 0:
-            index = int(_call("nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, data.device))
-        return DeviceEvent(
-            kind=kind,
-            gpu_index=index,
-            uuid=self.device_info(index).uuid,
-            xid=int(data.eventData),
-            timestamp=time.time(),
+    # --- renewing a card's caches (nvml_cards.py decides when) -------------------------------------------------
+
+    def watch_failure(self, index: int, err: BackendError) -> None:
+        nvml_code = _error_code(err.__cause__) if err.__cause__ is not None else None
+        rejected = nvml_code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        refresh = self._cards.failed(index, err.code, nvml_code, rejected)
+        if refresh is not None:
+            self._renew(index, refresh)
+
+    def watch_answer(self, index: int, result: object) -> None:
+        refresh = self._cards.answered(index, result) if isinstance(result, DeviceSample) else None
+        if refresh is not None:
+            self._renew(index, refresh)
+
+    def _renew(self, index: int, refresh: Refresh) -> None:
+        log.info(
+            "renewing a card's NVML state",
+            gpu=index,
+            caches=refresh.caches,
+            events=refresh.events,
+            reason=refresh.reason,
         )
+        if refresh.caches:
+            with self._lock:
+                for cache in (self._handles, self._infos, self._links, self._field_requests, self._profiles):
+                    cache.pop(index, None)
+                self._util_seen.pop(index, None)
+        if refresh.events:
+            self._event_set.rebuild(f"GPU {index}: {refresh.reason}")
 
     # --- plumbing ----------------------------------------------------------------------------------------------
 
@@ -970,7 +947,29 @@ class NvmlBackend:
             )
         h = _call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
         with self._lock:
-            return self._handles.setdefault(index, h)
+            h = self._handles.setdefault(index, h)
+        refresh = self._cards.handle_taken(index, handle_key(h))
+        if refresh is not None:
+            self._renew(index, refresh)
+        return h
+
+
+def _running_processes(h: Any) -> list[Any] | Unsupported | Unknown:
+    """The card's compute processes; UNKNOWN where NVML refuses the list (NO_PERMISSION: with MIG on the parent's
+    list needs privileges) rather than failing the card's whole sample."""
+    for call, fn in (
+        ("nvmlDeviceGetComputeRunningProcesses_v3", pynvml.nvmlDeviceGetComputeRunningProcesses_v3),
+        ("nvmlDeviceGetComputeRunningProcesses_v2", pynvml.nvmlDeviceGetComputeRunningProcesses_v2),  # before 510
+    ):
+        try:
+            return list(fn(h))
+        except pynvml.NVMLError as err:
+            code = _error_code(err)
+            if code == pynvml.NVML_ERROR_NO_PERMISSION:
+                return UNKNOWN
+            if code not in _UNSUPPORTED_CODES:
+                raise _translate(err, call) from err
+    return UNSUPPORTED
 
 
 def _ratio(percent: Any) -> float:

@@ -16,6 +16,7 @@ from exporter.backends.types import (
     MigInstance,
     MigProfile,
     SystemInfo,
+    Unknown,
     Unsupported,
 )
 
@@ -44,8 +45,12 @@ class Backend(Protocol):
         """All per-cycle readings of one card, using the cheap calls (counters, not 20 ms sampling windows)."""
         ...
 
-    def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """Compute processes with their used memory and, where the driver keeps it, SM utilization."""
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unknown:
+        """Compute processes with their used memory and, where the driver keeps it, SM utilization.
+
+        ``UNKNOWN`` when the driver will not list them although the card answers: with MIG on, NVML lists the parent
+        card's processes only to a privileged caller (NVML_ERROR_NO_PERMISSION otherwise). The rest of the card's
+        sample stays valid; an empty tuple means no process runs."""
         ...
 
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:

@@ -27,6 +27,7 @@ from exporter.backends.errors import (
 )
 from exporter.backends.scenario import Scenario, load_scenario
 from exporter.backends.types import (
+    UNKNOWN,
     UNSUPPORTED,
     ComputeMode,
     DeviceEvent,
@@ -41,6 +42,7 @@ from exporter.backends.types import (
     NvLinkSample,
     RemappedRows,
     SystemInfo,
+    Unknown,
     Unsupported,
 )
 
@@ -140,6 +142,7 @@ class _Card:
     mig_pending: bool = False
     mig: dict[int, _MigGi] = field(default_factory=dict)
     lost: bool = False
+    process_list_denied: bool = False  # as an unprivileged caller: NVML refuses the parent's list with MIG on
     hangs: dict[str, threading.Event] = field(default_factory=dict)
     energy: float = 0.0
     pcie_tx: float = 0.0
@@ -305,10 +308,12 @@ class SimulatedBackend:
                 mig_mode_pending=card.mig_pending,
             )
 
-    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unknown:
         card = self._enter(index, "processes", "nvmlDeviceGetComputeRunningProcesses")
         now = self._clock()
         with card.lock:
+            if card.process_list_denied and card.mig_current:
+                return UNKNOWN
             wobble = self._wobble(card, now)
             return tuple(
                 GpuProcess(
@@ -473,6 +478,7 @@ class SimulatedBackend:
         for card in cards:
             with card.lock:
                 card.lost = False
+                card.process_list_denied = False
                 card.orphan_memory = 0
                 for link in card.links:
                     link.state = LinkState.UP
@@ -485,15 +491,41 @@ class SimulatedBackend:
         """Make the next open() fail as NVML does after a driver upgrade without reboot."""
         self._version_mismatch = enabled
 
-    def _emit(self, card: _Card, kind: EventKind, xid: int, data: int = 0) -> None:
+    def _emit(self, card: _Card, kind: EventKind, xid: int, data: int = 0, mig: tuple[int, int] | None = None) -> None:
         self._events.put(
-            DeviceEvent(kind=kind, gpu_index=card.index, uuid=card.uuid, xid=xid, timestamp=self._clock(), data=data)
+            DeviceEvent(
+                kind=kind,
+                gpu_index=card.index,
+                uuid=card.uuid,
+                xid=xid,
+                timestamp=self._clock(),
+                data=data,
+                gpu_instance_id=mig[0] if mig else None,
+                compute_instance_id=mig[1] if mig else None,
+            )
         )
 
     def _fault_xid(self, card: _Card, p: dict[str, str]) -> str:
         code = _int(p, "code", minimum=1)
-        self._emit(card, EventKind.XID, code)
-        return f"XID {code} on GPU {card.index}"
+        mig = self._event_instance(card, p)
+        self._emit(card, EventKind.XID, code, mig=mig)
+        where = f" MIG GPU instance {mig[0]} compute instance {mig[1]}" if mig else ""
+        return f"XID {code} on GPU {card.index}{where}"
+
+    @staticmethod
+    def _event_instance(card: _Card, p: dict[str, str]) -> tuple[int, int] | None:
+        """gpu_instance_id=N [compute_instance_id=M]: an event inside a MIG instance, as NVML names one in
+        nvmlEventData_t; only an instance that exists (each simulated GPU instance has compute instance 0)."""
+        if "gpu_instance_id" not in p:
+            if "compute_instance_id" in p:
+                raise ValueError("parameter 'compute_instance_id' needs 'gpu_instance_id'")
+            return None
+        gi = _int(p, "gpu_instance_id", minimum=0)
+        ci = _int(p, "compute_instance_id", default=0, minimum=0)
+        with card.lock:
+            if not card.mig_current or gi not in card.mig or ci != 0:
+                raise ValueError(f"GPU {card.index} has no MIG GPU instance {gi} with compute instance {ci}")
+        return gi, ci
 
     def _fault_ecc(self, card: _Card, p: dict[str, str]) -> str:
         corrected = _int(p, "corrected", default=0, minimum=0)
@@ -608,6 +640,20 @@ class SimulatedBackend:
             card.ecc_pending = False
         return f"ECC mode change pending on GPU {card.index}"
 
+    def _fault_process_list_denied(self, card: _Card, p: dict[str, str]) -> str:
+        with card.lock:
+            card.process_list_denied = True
+        when = "" if card.mig_current else " once MIG is on"
+        return f"GPU {card.index} refuses its process list{when} (NO_PERMISSION, as for an unprivileged caller)"
+
+    def _fault_recovery_action(self, card: _Card, p: dict[str, str]) -> str:
+        """The raw NVML_FI_DEV_GET_GPU_RECOVERY_ACTION value, numbered as the scenario's driver branch numbers it
+        (R580: 5 is a bus reset); code=0 takes it back."""
+        code = _int(p, "code", minimum=0)
+        with card.lock:
+            card.recovery_action = code
+        return f"GPU {card.index} reports recovery action {code} (driver {self.scenario.driver_version})"
+
     def _fault_pcie_replay(self, card: _Card, p: dict[str, str]) -> str:
         count = _int(p, "count", default=1, minimum=1)
         with card.lock:
@@ -673,7 +719,7 @@ class SimulatedBackend:
 
 
 FAULT_PARAMS: Mapping[str, frozenset[str]] = {
-    "xid": frozenset({"code"}),
+    "xid": frozenset({"code", "gpu_instance_id", "compute_instance_id"}),
     "ecc": frozenset({"corrected", "uncorrected"}),
     "remap_pending": frozenset(),
     "remap_failure": frozenset(),
@@ -691,6 +737,8 @@ FAULT_PARAMS: Mapping[str, frozenset[str]] = {
     "mig_pending": frozenset(),
     "ecc_pending": frozenset(),
     "pcie_replay": frozenset({"count"}),
+    "recovery_action": frozenset({"code"}),
+    "process_list_denied": frozenset(),
 }
 """Fault kinds the simulated node accepts, with the parameters each takes."""
 

@@ -23,6 +23,20 @@ class Unsupported(enum.Enum):
 UNSUPPORTED = Unsupported.UNSUPPORTED
 
 
+class Unknown(enum.Enum):
+    """The marker for a reading the device has but the driver would not give this time (e.g. the parent card's
+    process list with MIG on, which NVML gives only to privileged callers). Unlike an empty result it says nothing
+    about what is there; unlike an error it leaves the rest of the sample valid."""
+
+    UNKNOWN = "unknown"
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = Unknown.UNKNOWN
+
+
 class ComputeMode(enum.IntEnum):
     DEFAULT = 0
     EXCLUSIVE_THREAD = 1  # deprecated by NVIDIA, still reported by old drivers
@@ -176,7 +190,10 @@ class GpuProcess:
 
 @dataclass(frozen=True, slots=True)
 class DeviceEvent:
-    """A critical event from the driver (NVML event set): an XID or an ECC error."""
+    """A critical event from the driver (NVML event set): an XID or an ECC error.
+
+    On a MIG card NVML names the instance the event happened in (``nvmlEventData_t.gpuInstanceId`` and
+    ``computeInstanceId``); both are None for an event of the whole card (MIG off, or a card-level fault)."""
 
     kind: EventKind
     gpu_index: int
@@ -184,3 +201,5 @@ class DeviceEvent:
     xid: int  # the XID number; for ECC events NVML reports 48 (DBE) or 0 (SBE)
     timestamp: float  # unix seconds when the backend saw it
     data: int = 0
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None

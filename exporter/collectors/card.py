@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from exporter.backends.recovery import recovery_code
 from exporter.backends.types import UNSUPPORTED, ComputeMode, DeviceSample, LinkState, Unsupported
 from exporter.collectors.base import GPU_LABELS, gpu_label_values
 from exporter.snapshot import GpuSnapshot, Snapshot
@@ -74,12 +75,6 @@ _GAUGES = (
     _Gauge("xpu_gpu_performance_state", "Performance state, 0 (P0, fastest) to 15.", "performance_state"),
     _Gauge("xpu_gpu_pcie_link_generation", "Current PCIe link generation.", "pcie_generation"),
     _Gauge("xpu_gpu_pcie_link_width", "Current PCIe link width (lanes).", "pcie_width"),
-    _Gauge(
-        "xpu_gpu_recovery_action",
-        "Recovery the driver asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, "
-        "2 node reboot, 3 drain peer-to-peer, 4 drain and reset.",
-        "recovery_action",
-    ),
 )
 
 _COUNTERS = (
@@ -168,6 +163,7 @@ class CardCollector:
         yield from (info, up, last, total, *static.values())
         fresh = [g for g in snapshot.gpus if g.fresh and g.sample is not None and g.info is not None]
         yield from self._sample_families(fresh)
+        yield _recovery_action(fresh, driver)
 
     def _sample_families(self, gpus: list[GpuSnapshot]) -> Iterator[Metric]:
         labels = list(GPU_LABELS)
@@ -193,6 +189,24 @@ class CardCollector:
             if gpu.processes_known:  # unknown (e.g. refused on a MIG card without privileges) is absent, not 0
                 procs.add_metric(gpu_label_values(gpu), float(len(gpu.processes)))
         yield procs
+
+
+RECOVERY_ACTION_HELP = (
+    "Recovery the driver asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, decoded by driver branch): 0 none, "
+    "1 GPU reset, 2 node reboot, 3 drain peer-to-peer, 4 drain and reset, 5 recover the IMEX domain, 6 bus reset, "
+    "7 system reboot, -1 a value the driver's branch does not define."
+)
+
+
+def _recovery_action(gpus: list[GpuSnapshot], driver: str) -> Metric:
+    """The branch-independent code: the raw field means different things on different drivers (5 is a bus reset on
+    R580 and the IMEX domain from R595 on), so a dashboard or alert reads one meaning per value."""
+    fam = GaugeMetricFamily("xpu_gpu_recovery_action", RECOVERY_ACTION_HELP, labels=list(GPU_LABELS))
+    for gpu in gpus:
+        raw = _sample(gpu).recovery_action
+        if not isinstance(raw, Unsupported):
+            fam.add_metric(gpu_label_values(gpu), float(recovery_code(raw, driver or None)))
+    return fam
 
 
 def _sample(gpu: GpuSnapshot) -> DeviceSample:

@@ -184,6 +184,8 @@ class PartitionManager:
             self._profiles[gpu] = await driver(self.device.aio.mig_profiles(gpu))
         elif not mig_on:
             self._profiles[gpu] = ()
+        if gpu in self._hw_mig and self._hw_mig[gpu] != mig_on:  # NVIDIA: minors may change with MIG mode
+            self._infos[gpu] = await driver(self.device.aio.device_info(gpu))
         self._hw_mig[gpu] = mig_on
         if mig_on:
             await self._refresh_foreign(gpu)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.backends.recovery import RecoveryAction, decode_recovery_action, driver_branch
 from exporter.backends.types import Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
@@ -21,16 +22,17 @@ from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 CHECK = "driver"
 _MODULE_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h NVML_GPU_RECOVERY_ACTION_*) -> (name, severity, action).
+# What each recovery action the driver asks for means here -> (severity, action). The raw field value is decoded by
+# driver branch first (exporter/backends/recovery.py: raw 5 is a bus reset on R580, the IMEX domain from R595 on).
 # DCGM MonitorGpuRecoveryAction: GPU_RESET / NODE_REBOOT / DRAIN_AND_RESET -> FAIL, DRAIN_P2P -> WARN.
-RECOVERY_ACTIONS: dict[int, tuple[str, Severity, Action]] = {
-    1: ("gpu_reset", Severity.CRITICAL, Action.RESET_GPU),
-    2: ("node_reboot", Severity.CRITICAL, Action.REBOOT_NODE),
-    3: ("drain_p2p", Severity.WARNING, Action.NONE),
-    4: ("drain_and_reset", Severity.CRITICAL, Action.RESET_GPU),
-    5: ("recover_imex_domain", Severity.WARNING, Action.NONE),
-    6: ("bus_reset", Severity.CRITICAL, Action.RESET_GPU),
-    7: ("system_reboot", Severity.CRITICAL, Action.REBOOT_NODE),
+RECOVERY_ACTIONS: dict[RecoveryAction, tuple[Severity, Action]] = {
+    RecoveryAction.GPU_RESET: (Severity.CRITICAL, Action.RESET_GPU),
+    RecoveryAction.NODE_REBOOT: (Severity.CRITICAL, Action.REBOOT_NODE),
+    RecoveryAction.DRAIN_P2P: (Severity.WARNING, Action.NONE),
+    RecoveryAction.DRAIN_AND_RESET: (Severity.CRITICAL, Action.RESET_GPU),
+    RecoveryAction.RECOVER_IMEX_DOMAIN: (Severity.WARNING, Action.NONE),
+    RecoveryAction.BUS_RESET: (Severity.CRITICAL, Action.RESET_GPU),
+    RecoveryAction.SYSTEM_REBOOT: (Severity.CRITICAL, Action.REBOOT_NODE),
 }
 
 
@@ -131,8 +133,9 @@ class DriverProbe:
         node += self._module_version(snapshot)
         node += self._dstate(now)
         self._node_result(report, node, snapshot)
+        driver = snapshot.system.driver_version if snapshot.system else None
         for g in snapshot.gpus:
-            self._gpu(report, g, now)
+            self._gpu(report, g, now, driver)
         return report.build()
 
     def _node_result(self, report: ReportBuilder, node: list[Finding], snapshot: Snapshot) -> None:
@@ -208,7 +211,7 @@ class DriverProbe:
             )
         return out
 
-    def _gpu(self, report: ReportBuilder, g: GpuSnapshot, now: float) -> None:
+    def _gpu(self, report: ReportBuilder, g: GpuSnapshot, now: float, driver: str | None) -> None:
         ref = gpu_ref(g)
         key = g.uuid or str(g.index)
         if g.error_code != "timeout":
@@ -220,22 +223,28 @@ class DriverProbe:
             else:
                 report.gpu_done(ref, [finding])
             return
-        findings: list[Finding] = []
-        action = g.sample.recovery_action if g.sample else 0
-        if not isinstance(action, Unsupported) and action in RECOVERY_ACTIONS:
-            name, severity, act = RECOVERY_ACTIONS[action]
-            findings.append(
-                Finding(
-                    CHECK,
-                    f"recovery_action_{name}",
-                    severity,
-                    act,
-                    f"the driver asks for recovery action {name.replace('_', ' ')}",
-                    ref,
-                    evidence(recovery_action=action),
-                )
-            )
+        raw = g.sample.recovery_action if g.sample else 0
+        findings = [] if isinstance(raw, Unsupported) else self._recovery_action(ref, raw, driver)
         report.gpu_done(ref, findings, "answering")
+
+    @staticmethod
+    def _recovery_action(ref: GpuRef, raw: int, driver: str | None) -> list[Finding]:
+        """The driver's recovery-action field, decoded by its branch; a value the branch does not define is reported
+        as unknown (a warning naming the raw value), never guessed."""
+        if raw == 0:
+            return []
+        decoded = decode_recovery_action(raw, driver)
+        branch = driver_branch(driver)
+        ev = evidence(recovery_action=raw, driver_version=driver or "unknown")
+        if decoded is None:
+            where = f"driver branch R{branch}" if branch is not None else "an unknown driver version"
+            message = f"the driver asks for recovery action {raw}, which {where} does not define"
+            return [Finding(CHECK, "recovery_action_unknown", Severity.WARNING, Action.NONE, message, ref, ev)]
+        if decoded is RecoveryAction.NONE:
+            return []
+        severity, action = RECOVERY_ACTIONS[decoded]
+        message = f"the driver asks for recovery action {decoded.text} (raw {raw})"
+        return [Finding(CHECK, f"recovery_action_{decoded.label}", severity, action, message, ref, ev)]
 
     def _gpu_error(self, ref: GpuRef, key: str, g: GpuSnapshot, now: float) -> Finding | None:
         error = g.error or ""

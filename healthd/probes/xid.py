@@ -4,6 +4,11 @@ The same XID usually reaches us twice (an NVML event and one or more ``NVRM: Xid
 three lines per exception). Each (card, XID) counts once per merge window, whichever source saw it first; the
 rest are counted as merged. kmsg names cards by PCI bus id, NVML by index/uuid: both map to the card in the
 latest Snapshot's inventory so that the two sources meet on one key.
+
+On a MIG card NVML names the instance an event happened in (GPU and compute instance ids); the finding names that
+MIG device (profile and MIG UUID from the Snapshot). The same XID in another MIG instance of the card within the
+window is another incident (another tenant) and gets its own finding; sightings that name no instance (kmsg) merge
+with whichever came first.
 """
 
 from __future__ import annotations
@@ -52,6 +57,24 @@ class XidSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MigRef:
+    """The MIG device an NVML event names; uuid and profile are empty when the Snapshot does not list it yet."""
+
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    uuid: str = ""
+    profile: str = ""
+
+    def describe(self) -> str:
+        ids = f"GPU instance {self.gpu_instance_id}"
+        if self.compute_instance_id is not None:
+            ids += f", compute instance {self.compute_instance_id}"
+        if self.uuid:
+            ids += f", {self.uuid}"
+        return f"MIG {self.profile} ({ids})" if self.profile else f"MIG ({ids})"
+
+
+@dataclass(frozen=True, slots=True)
 class _Sighting:
     xid: int
     gpu: GpuRef | None
@@ -60,6 +83,7 @@ class _Sighting:
     pid: int | None = None
     process: str | None = None
     text: str = ""
+    mig: MigRef | None = None
 
 
 class XidMerger:
@@ -71,7 +95,8 @@ class XidMerger:
         self._clock = clock
         self._window = window_seconds
         self._lock = threading.Lock()
-        self._last: dict[tuple[str, int], float] = {}
+        # (card, xid) -> (first sighting's time, MIG instances named in the window)
+        self._last: dict[tuple[str, int], tuple[float, frozenset[tuple[int, int | None]]]] = {}
         self.emitted = 0
         self.merged = 0
 
@@ -80,14 +105,21 @@ class XidMerger:
         # kmsg always names the PCI address and NVML events get it from the inventory: key on it first
         ident = (s.pci and f"pci:{s.pci}") or (s.gpu.uuid if s.gpu and s.gpu.uuid else "") or "node"
         key = (ident, s.xid)
+        instance = (s.mig.gpu_instance_id, s.mig.compute_instance_id) if s.mig else None
         with self._lock:
             last = self._last.get(key)
-            if last is not None and now - last < self._window:
-                self.merged += 1
-                return None
-            self._last[key] = now
+            if last is not None and now - last[0] < self._window:
+                seen = last[1]
+                # another MIG instance than the ones already named is another incident; anything else merges
+                if instance is None or not seen or instance in seen:
+                    self._last[key] = (last[0], seen | {instance} if instance else seen)
+                    self.merged += 1
+                    return None
+                self._last[key] = (last[0], seen | {instance})
+            else:
+                self._last[key] = (now, frozenset({instance}) if instance else frozenset())
             if len(self._last) > 4096:
-                self._last = {k: t for k, t in self._last.items() if now - t < self._window}
+                self._last = {k: v for k, v in self._last.items() if now - v[0] < self._window}
             self.emitted += 1
         finding = self._finding(s)
         self._sink.event(finding)
@@ -96,6 +128,8 @@ class XidMerger:
     def _finding(self, s: _Sighting) -> Finding:
         entry = self._catalog.lookup(s.xid)
         where = f"GPU {s.gpu.index}" if s.gpu else f"PCI {s.pci or 'unknown'}"
+        if s.mig is not None:
+            where += f" {s.mig.describe()}"
         message = f"XID {s.xid} ({entry.name}) on {where}: {entry.description}"
         if s.text:
             message += f" [{s.text[:200]}]"
@@ -116,6 +150,14 @@ class XidMerger:
             ev["process"] = s.process
         if s.text:
             ev["text"] = s.text[:500]
+        if s.mig is not None:
+            ev["gpu_instance_id"] = str(s.mig.gpu_instance_id)
+            if s.mig.compute_instance_id is not None:
+                ev["compute_instance_id"] = str(s.mig.compute_instance_id)
+            if s.mig.uuid:
+                ev["mig_uuid"] = s.mig.uuid
+            if s.mig.profile:
+                ev["mig_profile"] = s.mig.profile
         return Finding(
             check=CHECK,
             code=f"xid_{s.xid}",
@@ -213,7 +255,7 @@ class XidWatcher:
         xid = 48 if event.kind is EventKind.ECC_DOUBLE_BIT else event.xid
         gpu = self._gpu_by_event(event)
         pci = normalize_pci(gpu.pci_bus_id) if gpu else ""
-        return self.merger.add(_Sighting(xid, gpu, pci, "nvml"))
+        return self.merger.add(_Sighting(xid, gpu, pci, "nvml", mig=self._mig_by_event(event, gpu)))
 
     def on_kmsg_record(self, record: KmsgRecord) -> Finding | None:
         with self._decoder_lock:
@@ -247,6 +289,18 @@ class XidWatcher:
         if found is not None:
             return found
         return GpuRef(event.gpu_index, event.uuid, "") if event.uuid else None
+
+    def _mig_by_event(self, event: DeviceEvent, gpu: GpuRef | None) -> MigRef | None:
+        """The MIG device the event names, with its profile and UUID from the latest Snapshot where it is listed."""
+        if event.gpu_instance_id is None:
+            return None
+        gi, ci = event.gpu_instance_id, event.compute_instance_id
+        snap = self._snapshots()
+        card = snap.gpu(gpu.index) if snap is not None and gpu is not None else None
+        for m in card.mig_instances if card is not None else ():
+            if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci):
+                return MigRef(gi, m.compute_instance_id, m.uuid, m.profile_name)
+        return MigRef(gi, ci)
 
     def _gpu_by_pci(self, pci: str) -> GpuRef | None:
         found = next((g for g in self._inventory() if normalize_pci(g.pci_bus_id) == pci), None)

@@ -232,3 +232,65 @@ def test_override_errors_name_the_option(table: dict[str, object], message: str)
     with pytest.raises(CatalogError) as err:
         parse_overrides(table, "health.xid.overrides")
     assert str(err.value).startswith(message)
+
+
+# --- MIG instances named by NVML events ---------------------------------------------------------------------------
+
+GPU7_PCI = "0000:db:00"  # h200x8 GPU 7 (MIG on: GPU instance 1 is 3g.71gb, 2 is 2g.35gb)
+
+
+def test_xid_in_a_mig_instance_names_the_mig_device(h200x8: Node) -> None:
+    sink = Sink()
+    snap = h200x8.tick()
+    gpu7 = snap.gpu(7)
+    assert gpu7 is not None
+    instance = next(m for m in gpu7.mig_instances if m.gpu_instance_id == 1)
+    watcher = _watcher(h200x8, sink, snap)
+    h200x8.inject("xid", 7, code=13, gpu_instance_id=1)
+    finding = watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
+    assert finding is not None and finding.gpu is not None and finding.gpu.index == 7
+    assert f"GPU 7 MIG 3g.71gb (GPU instance 1, compute instance 0, {instance.uuid})" in finding.message
+    assert finding.evidence["mig_uuid"] == instance.uuid
+    assert (finding.evidence["gpu_instance_id"], finding.evidence["compute_instance_id"]) == ("1", "0")
+    assert finding.evidence["mig_profile"] == "3g.71gb"
+    assert finding.action is Action.RESTART_APP  # XID 13 stays the tenant's problem, in its instance
+
+
+def test_same_xid_in_two_mig_instances_is_two_findings_and_kmsg_merges(h200x8: Node) -> None:
+    sink = Sink()
+    watcher = _watcher(h200x8, sink, h200x8.tick())
+    for gi in (1, 2, 1):
+        h200x8.inject("xid", 7, code=31, gpu_instance_id=gi)
+        watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
+    watcher.on_kmsg_record(_record(format_xid(GPU7_PCI, 31, "MMU Fault: ENGINE GRAPHICS")))
+    assert [f.evidence.get("gpu_instance_id") for f in sink.events] == ["1", "2"]
+    assert watcher.merger.merged == 2  # GI 1 again, and the kernel's line of the same incident
+
+
+def test_kmsg_first_then_a_mig_event_counts_once(h200x8: Node) -> None:
+    sink = Sink()
+    watcher = _watcher(h200x8, sink, h200x8.tick())
+    watcher.on_kmsg_record(_record(format_xid(GPU7_PCI, 43, "Ch 00000010")))
+    h200x8.inject("xid", 7, code=43, gpu_instance_id=2)
+    watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
+    assert len(sink.events) == 1 and sink.events[0].evidence["source"] == "kmsg"
+    h200x8.inject("xid", 7, code=43, gpu_instance_id=1)  # another instance: another tenant's incident
+    watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
+    # the first MIG sighting joined the kmsg one (the same incident); a second instance is a new one
+    assert [(f.evidence["source"], f.evidence.get("gpu_instance_id")) for f in sink.events] == [
+        ("kmsg", None),
+        ("nvml", "1"),
+    ]
+    assert watcher.merger.merged == 1
+
+
+def test_instance_created_after_the_snapshot_is_named_by_its_ids(h200x8: Node) -> None:
+    sink = Sink()
+    snap = h200x8.tick()
+    created = h200x8.backend.create_mig_instance(6, 19, 0)  # GPU 6 has MIG on and no instance in the snapshot
+    watcher = _watcher(h200x8, sink, snap)
+    h200x8.inject("xid", 6, code=13, gpu_instance_id=created.gpu_instance_id)
+    finding = watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
+    assert finding is not None
+    assert f"MIG (GPU instance {created.gpu_instance_id}, compute instance 0)" in finding.message
+    assert "mig_uuid" not in finding.evidence
