@@ -1,10 +1,10 @@
 """A minimal Debian tree booted with systemd as PID 1 under systemd-nspawn, for testing the .deb under real systemd.
 
 The tree is made once with debootstrap from the Debian mirror apt already uses and cached under
-``<repo>/.cache/nspawn/`` (keyed by suite, mirror, architecture and package list; a lock serialises concurrent
-builds). Each boot runs on a throwaway overlay (``--volatile=overlay``), so the cached tree stays pristine. Commands
-run inside through ``nsenter`` into the container's namespaces. Where the host's PID 1 is not systemd, nspawn gets
-``--keep-unit --register=no`` (no machined, no scope unit to ask for).
+``<repo>/.cache/nspawn/`` or ``$XPU_NSPAWN_CACHE`` (keyed by suite, mirror, architecture and package list; a lock
+serialises concurrent builds; about 240 MB). Each boot runs on a throwaway overlay (``--volatile=overlay``), so the
+cached tree stays pristine. Commands run inside through ``nsenter`` into the container's namespaces. Where the host's
+PID 1 is not systemd, nspawn gets ``--keep-unit --register=no`` (no machined, no scope unit to ask for).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from servicehelpers import REPO
 
-CACHE = REPO / ".cache" / "nspawn"
+# XPU_NSPAWN_CACHE points at a directory that outlives the checkout (a CI cache); the repository's .cache/ else.
+CACHE = Path(os.environ.get("XPU_NSPAWN_CACHE") or REPO / ".cache" / "nspawn")
 # systemd as PID 1, Python for the package's virtualenv; init-system-helpers (deb-systemd-helper) is essential
 # anyway. Deliberately absent: procps (so /bin/kill is missing, as on a minimal system) and dbus.
 PACKAGES = ("systemd", "systemd-sysv", "init-system-helpers", "python3", "libsystemd0", "util-linux")
