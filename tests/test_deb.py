@@ -47,7 +47,7 @@ def _missing_tools() -> str | None:
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (reason := _missing_tools()) is not None:
         pytest.skip(reason)
-    return deb_under_test(tmp_path_factory.mktemp("dist"))
+    return deb_under_test(tmp_path_factory)
 
 
 def dpkg(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

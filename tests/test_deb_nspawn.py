@@ -48,7 +48,7 @@ def _precondition() -> None:
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _precondition()
     out = tmp_path_factory.mktemp("nspawn-assets")
-    (out / "xpu.deb").symlink_to(deb_under_test(tmp_path_factory.mktemp("dist")))
+    (out / "xpu.deb").symlink_to(deb_under_test(tmp_path_factory))
     (out / "nvidia-cuda-mps-control").write_bytes(FAKE_MPS.read_bytes())
     (out / "nvidia-modprobe").write_text(FAKE_MODPROBE)
     return out
