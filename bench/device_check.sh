@@ -6,9 +6,12 @@
 # Device tool:  run(command="bash bench/device_check.sh", carry=[".whl"], timeout_s=540)
 # Elsewhere:    OUT=/tmp/xpu-check bash bench/device_check.sh   (any NVIDIA machine with Python 3.12 and torch)
 #
-# Steps: the backend contract suite on real NVML (pytest), then bench/device_check.py: the daemon on the real backend
-# for a minute, NVML overhead, bf16 matmul throughput with and without the daemon, and nvitop-exporter and
-# nvidia-smi beside it. Results land in $OUT (device_results.json, summary.txt, logs); the summary prints last.
+# Steps: the driver's device entries and nodes, and the packaged unit's DeviceAllow= list resolved against them
+# (packaging/deviceallow.py: would systemd let the daemon open every GPU node?); MPS control daemon start timing
+# (bench/mps_timing.py: private pipe directory, no card setting changed); the backend contract suite on real NVML
+# (pytest); then bench/device_check.py: the daemon on the real backend for a minute, NVML overhead, bf16 matmul
+# throughput with and without the daemon, and nvitop-exporter and nvidia-smi beside it. Results land in $OUT
+# (device_results.json, summary.txt, deviceallow.txt, mps_timing.json, logs); the summary prints last.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 OUT=${OUT:-$PWD/.device/out}
@@ -37,6 +40,20 @@ for name in ("pynvml", "prometheus_client", "grpc", "google.protobuf", "structlo
         print(f"{name:<18} MISSING ({exc})")
 EOF
 
+echo "== /proc/devices (NVIDIA entries) and /dev/nvidia*"
+grep -i nvidia /proc/devices || echo "(no NVIDIA entries in /proc/devices)"
+ls -l /dev/nvidia* 2>&1 || true
+ls -l /proc/driver/nvidia-caps/ 2>&1 || true
+
+echo "== the unit's DeviceAllow= resolved against them (packaging/systemd/xpu-healthd.service)"
+python3 packaging/deviceallow.py | tee "$OUT/deviceallow.txt"
+deviceallow_rc=${PIPESTATUS[0]}
+[ "$deviceallow_rc" -eq 0 ] || echo "device_check: the unit would deny a GPU node (see DENIED above)"
+
+echo "== MPS control daemon start (nvidia-cuda-mps-control -d as xpu-healthd starts it; no card setting changes)"
+timeout 120 python3 -m bench.mps_timing --runs 3 --out "$OUT"
+mps_rc=$?
+
 echo "== XID event registration (reads only: event sets are made and freed, no card setting changes)"
 # Which event types each card supports and accepts one by one, the daemon's XID/ECC mask registered and waited on,
 # a second registration in a new set (as after a reset), the recovery-action field decoded by driver branch, and
@@ -52,5 +69,7 @@ echo "== device_check.py"
 timeout 480 python3 bench/device_check.py --out "$OUT" --contract-rc "$contract_rc" "$@"
 rc=$?
 [ "$contract_rc" -eq 0 ] || rc=1
+[ "$deviceallow_rc" -eq 0 ] || rc=1
+[ "$mps_rc" -eq 0 ] || rc=1
 echo "device_check: exit $rc (results in $OUT)"
 exit $rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a self-contained xpu-runtime-kit .deb: its own virtualenv under /opt/xpu-runtime-kit (the project wheel and
-# every dependency, built with Debian's python3), the systemd unit, the default config (a conffile), the "xpu" group
+# every dependency, built with Debian's python3), the systemd units, the default config (a conffile), the "xpu" group
 # (sysusers.d) and maintainer scripts that work on a live system and in a throwaway root (DPKG_ROOT).
 #
 #   packaging/build-deb.sh [OUTDIR]        -> OUTDIR/xpu-runtime-kit_<version>_<arch>.deb (default: dist/)
@@ -52,7 +52,9 @@ if grep -rIl --exclude-dir=__pycache__ "$STAGE" "$VENV" >"$WORK/leaks"; then
 fi
 
 # 3. the rest of the tree
-install -D -m 0644 "$ROOT/packaging/systemd/xpu-healthd.service" "$STAGE/usr/lib/systemd/system/xpu-healthd.service"
+for unit in xpu-healthd.service xpu-nvidia-modprobe.service; do
+  install -D -m 0644 "$ROOT/packaging/systemd/$unit" "$STAGE/usr/lib/systemd/system/$unit"
+done
 install -D -m 0644 "$ROOT/packaging/deb/sysusers.conf" "$STAGE/usr/lib/sysusers.d/xpu-runtime-kit.conf"
 install -D -m 0644 "$ROOT/packaging/healthd.toml" "$STAGE/etc/xpu-runtime-kit/healthd.toml"
 install -D -m 0644 "$ROOT/docs/operations.md" "$STAGE$PREFIX/share/doc/operations.md"

@@ -1,9 +1,10 @@
 """The .deb: build it, install it into a throwaway root with dpkg (maintainer scripts run chrootless with DPKG_ROOT),
-run the installed daemon in simulation and scrape it, verify the installed unit, then upgrade, remove and purge.
+run the installed daemon in simulation and scrape it, verify the installed unit, then upgrade, remove, reinstall
+and purge.
 
 What this proves: the package's files, control data and maintainer scripts are right, the virtualenv works from
 /opt/xpu-runtime-kit with nothing from the build tree, and the unit passes `systemd-analyze verify` against the
-installed ExecStart. The daemon is started by the test, not by systemd (there is no PID 1 systemd here), and
+installed ExecStart. The daemon is started by the test, not by systemd (test_deb_nspawn.py boots systemd), and
 dependencies are forced (the throwaway root has no python3 package recorded; the host's /usr provides it).
 
 To run the installed files at their real paths, each command runs in a private mount namespace where the throwaway
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from debhelpers import deb_under_test
 from servicehelpers import REPO, NotifySocket, running_daemon
 
 pytestmark = pytest.mark.deb
@@ -45,15 +47,7 @@ def _missing_tools() -> str | None:
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (reason := _missing_tools()) is not None:
         pytest.skip(reason)
-    if prebuilt := os.environ.get("XPU_DEB"):  # .ci/run builds it once and keeps it as the artifact
-        return Path(prebuilt).resolve()
-    out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [str(REPO / "packaging" / "build-deb.sh"), str(out)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (path,) = out.glob("xpu-runtime-kit_*.deb")
-    return path
+    return deb_under_test(tmp_path_factory)
 
 
 def dpkg(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,7 +94,8 @@ def test_deb_installs_runs_upgrades_removes_and_purges(deb: Path, tmp_path: Path
 
     # files, conffile, group, enabled unit, state directory
     assert (root / "etc/xpu-runtime-kit/healthd.toml").read_text() == (REPO / "packaging/healthd.toml").read_text()
-    assert (root / UNIT).read_text() == (REPO / "packaging/systemd/xpu-healthd.service").read_text()
+    for unit in ("xpu-healthd.service", "xpu-nvidia-modprobe.service"):
+        assert (root / "usr/lib/systemd/system" / unit).read_text() == (REPO / "packaging/systemd" / unit).read_text()
     assert any(line.startswith("xpu:") for line in (root / "etc/group").read_text().splitlines())
     wants = root / "etc/systemd/system/multi-user.target.wants/xpu-healthd.service"
     assert os.readlink(wants) == "/" + UNIT
@@ -143,18 +138,24 @@ def test_deb_installs_runs_upgrades_removes_and_purges(deb: Path, tmp_path: Path
     assert conf.read_text().endswith("# local edit\n")
     assert (root / "var/lib/xpu-runtime-kit/faults.db").exists()
 
-    # remove: program and unit gone, state and config kept, unit disabled
+    # remove: program and unit gone, state and config kept; the enablement is remembered (as Debian does with
+    # deb-systemd-helper), so a reinstall enables and starts it again
     dpkg(root, "-r", "xpu-runtime-kit")
     assert not (root / PREFIX.lstrip("/")).exists()
     assert not (root / UNIT).exists()
-    assert not wants.is_symlink()
+    assert wants.is_symlink() and not (root / os.readlink(wants).lstrip("/")).exists()  # dangling until reinstalled
     assert (root / "var/lib/xpu-runtime-kit/faults.db").read_text() == "state"
     assert conf.exists()
+    dpkg(root, "-i", str(deb))
+    assert (root / os.readlink(wants).lstrip("/")).is_file()
+    assert (root / "var/lib/xpu-runtime-kit/faults.db").read_text() == "state"
 
-    # purge: state and config gone; the group stays (files elsewhere may belong to it)
+    # purge: state, config and the enablement gone; the group stays (files elsewhere may belong to it)
     dpkg(root, "-P", "xpu-runtime-kit")
     assert not (root / "var/lib/xpu-runtime-kit").exists()
     assert not (root / "etc/xpu-runtime-kit").exists()
+    assert not wants.is_symlink()
+    assert not list((root / "var/lib/systemd/deb-systemd-helper-enabled").rglob("xpu-healthd*"))
     assert any(line.startswith("xpu:") for line in (root / "etc/group").read_text().splitlines())
 
 

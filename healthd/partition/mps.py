@@ -20,6 +20,8 @@ from typing import Protocol
 
 import structlog
 
+from healthd.partition.mps_launch import Launcher, LaunchError, launcher_from_env
+
 log = structlog.get_logger("partition.mps")
 
 MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -78,14 +80,26 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 class NvidiaMpsControl:
-    """The real control daemon: ``nvidia-cuda-mps-control -d``; commands go to ``nvidia-cuda-mps-control`` on stdin."""
+    """The real control daemon: ``nvidia-cuda-mps-control -d``; commands go to ``nvidia-cuda-mps-control`` on stdin.
+
+    ``launcher`` decides how ``-d`` is run (mps_launch.py): as our child, or as a transient systemd unit outside the
+    daemon's sandbox; by default the one ``XPU_MPS_LAUNCH`` names.
+    """
 
     name = "nvidia"
 
-    def __init__(self, binary: str = MPS_CONTROL_BINARY, *, timeout_s: float = 10.0, run: Runner = subprocess.run):
+    def __init__(
+        self,
+        binary: str = MPS_CONTROL_BINARY,
+        *,
+        timeout_s: float = 10.0,
+        run: Runner = subprocess.run,
+        launcher: Launcher | None = None,
+    ):
         self._binary = binary
         self._timeout = timeout_s
         self._run = run
+        self.launcher = launcher if launcher is not None else launcher_from_env()
 
     def _env(self, spec: MpsDaemonSpec) -> dict[str, str]:
         return {**os.environ, **spec.env()}
@@ -114,7 +128,10 @@ class NvidiaMpsControl:
 
     def start(self, spec: MpsDaemonSpec) -> None:
         _private_dirs(spec)
-        self._invoke(spec, ["-d"], "-d")
+        try:
+            self.launcher.launch(self._binary, spec, self._env(spec), self._timeout)
+        except LaunchError as exc:
+            raise MpsError(str(exc)) from exc
         try:
             for text in spec.default_commands():
                 self.command(spec, text)
