@@ -120,6 +120,7 @@ class PartitionSettings:
     # auto: the driver's libraries and binaries (found through the ld.so cache) go into every CDI device, with an
     # ldcache hook; off: the operator relies on nvidia-container-toolkit for them. Never on a simulated node.
     cdi_driver_libraries: str = "auto"
+    tdm_sharing: str = "isolated"  # how a TDM card's partitions share it: isolated or shared (docs/partitioning.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +495,7 @@ PARTITION_KEYS = {
     "owner_grace_seconds",
     "cgroup_root",
     "cdi_driver_libraries",
+    "tdm_sharing",
 }
 
 
@@ -528,6 +530,9 @@ def parse_partitions(table: Any) -> PartitionSettings:
     driver_libraries = _string(table, "cdi_driver_libraries", "partitions.", "auto")
     if driver_libraries not in ("auto", "off"):
         raise ConfigError(f"partitions.cdi_driver_libraries: must be auto or off, got {driver_libraries[:100]!r}")
+    sharing = _string(table, "tdm_sharing", "partitions.", "isolated")
+    if sharing not in ("isolated", "shared"):
+        raise ConfigError(f"partitions.tdm_sharing: must be isolated or shared, got {sharing[:100]!r}")
     return PartitionSettings(
         enabled=enabled,
         cdi_dir=path("cdi_dir"),
@@ -542,6 +547,7 @@ def parse_partitions(table: Any) -> PartitionSettings:
         owner_grace_seconds=_number(table, "owner_grace_seconds", "partitions", 60.0, minimum=0, maximum=3600),
         cgroup_root=path("cgroup_root") or d.cgroup_root,
         cdi_driver_libraries=driver_libraries,
+        tdm_sharing=sharing,
     )
 
 

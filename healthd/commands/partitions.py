@@ -142,10 +142,12 @@ def cmd_renew(args: argparse.Namespace, channel: grpc.Channel) -> int:
 def cmd_mode(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import partitions_pb2 as pb
 
-    request = pb.SetCardModeRequest(gpu=args.gpu, mode=MODE_NAMES[args.mode])
+    sharing = {"": pb.TDM_SHARING_DEFAULT, "isolated": pb.TDM_SHARING_ISOLATED, "shared": pb.TDM_SHARING_SHARED}
+    request = pb.SetCardModeRequest(gpu=args.gpu, mode=MODE_NAMES[args.mode], sharing=sharing[args.sharing])
     with grpc.insecure_channel(admin_address(args)) as admin:
         card = _stub(admin).SetCardMode(request, timeout=args.timeout)
-    print(f"GPU {card.gpu} ({card.gpu_uuid}): mode {MODE_LABEL[card.mode]}")
+    extra = f", sharing {card.tdm_sharing}" if card.tdm_sharing else ""
+    print(f"GPU {card.gpu} ({card.gpu_uuid}): mode {MODE_LABEL[card.mode]}{extra}")
     return 0
 
 
@@ -156,13 +158,15 @@ def cmd_capacity(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if args.json:
         print(json.dumps(json_format.MessageToDict(reply), indent=2))
         return 0
-    print(f"{'GPU':>3} {'MODE':4} {'PARTS':>5} {'COMPUTE':>8} {'MEMORY (MiB)':>18} {'MIG FREE':>8} FOREIGN")
+    print(
+        f"{'GPU':>3} {'MODE':4} {'SHARING':8} {'PARTS':>5} {'COMPUTE':>8} {'MEMORY (MiB)':>18} {'MIG FREE':>8} FOREIGN"
+    )
     for c in reply.cards:
         memory = f"{c.memory_allocated_bytes // 2**20}/{c.memory_total_bytes // 2**20}"
         slices = str(c.mig_memory_slices_free) if MODE_LABEL[c.mode] == "mig" else "-"
         print(
-            f"{c.gpu:>3} {MODE_LABEL[c.mode]:4} {c.partitions:>5} {c.compute_percent_allocated:>7}% {memory:>18} "
-            f"{slices:>8} {len(c.foreign_mig_instances)}"
+            f"{c.gpu:>3} {MODE_LABEL[c.mode]:4} {c.tdm_sharing or '-':8} {c.partitions:>5} "
+            f"{c.compute_percent_allocated:>7}% {memory:>18} {slices:>8} {len(c.foreign_mig_instances)}"
         )
     return 0
 
@@ -232,6 +236,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode = ps.add_parser("mode", help="set a card's partition mode (none, tdm, mig)")
     mode.add_argument("gpu", help="GPU index or UUID")
     mode.add_argument("mode", choices=sorted(MODE_NAMES))
+    mode.add_argument(
+        "--sharing",
+        choices=["isolated", "shared"],
+        default="",
+        help="tdm only: one MPS daemon per partition (isolated, enforced) or per card (shared, side by side); "
+        "default: the daemon's [partitions] tdm_sharing",
+    )
     mode.set_defaults(func=cmd_mode)
 
     cap = ps.add_parser("capacity", help="allocated and free capacity per card")

@@ -24,6 +24,7 @@ class CardCapacity:
     mig_memory_slices_free: int
     foreign: tuple[MigInstance, ...]
     hardware_mig: bool
+    sharing: str = ""  # TDM sharing policy of a TDM card
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ def card_capacity(
     profiles: Sequence[MigProfile],
     foreign: tuple[MigInstance, ...],
     hardware_mig: bool,
+    sharing: str = "",
 ) -> CardCapacity:
     total_mib = info.memory_total_bytes // MIB
     if mode is CardMode.MIG and profiles:
@@ -71,4 +73,5 @@ def card_capacity(
         mig_memory_slices_free=slices_free,
         foreign=foreign,
         hardware_mig=hardware_mig,
+        sharing=sharing if mode is CardMode.TDM else "",
     )

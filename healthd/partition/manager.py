@@ -37,9 +37,10 @@ from healthd.partition.devnodes import HostDevices
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, not_found, precondition, unavailable
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
-from healthd.partition.mps import MpsDaemonSpec, MpsError, MpsSupervisor
+from healthd.partition.mps import MpsError, MpsSupervisor
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
+from healthd.partition.sharing import CardSharing, SharingPolicy
 from healthd.partition.store import Store
 
 __all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View"]
@@ -91,6 +92,7 @@ class PartitionManager:
         order_any: planner.CardOrder = planner.pick_card,
         snapshot: Callable[[], Snapshot | None] = lambda: None,
         devices: HostDevices | None = None,
+        default_sharing: SharingPolicy = SharingPolicy.ISOLATED,
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -114,6 +116,8 @@ class PartitionManager:
         self._hw_mig: dict[int, bool] = {}
         self._foreign: dict[int, tuple[MigInstance, ...]] = {}
         self._modes: dict[int, CardMode] = {}
+        self._default_sharing = default_sharing
+        self._sharing: dict[int, SharingPolicy] = {}  # TDM cards' sharing policy
         self._records: dict[str, PartitionRecord] = {}
         self._card_locks: dict[int, asyncio.Lock] = {}
         self._request_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, callers holding it)
@@ -130,8 +134,13 @@ class PartitionManager:
         count = await driver(self.device.aio.device_count())
         self._infos = [await driver(self.device.aio.device_info(i)) for i in range(count)]
         self._card_locks = {i: asyncio.Lock() for i in range(count)}
-        stored_modes = await self._store(self.store.card_modes)
-        self._modes = {info.index: stored_modes.get(info.uuid, CardMode.NONE) for info in self._infos}
+        stored = await self._store(self.store.card_modes)
+        self._modes = {info.index: stored.get(info.uuid, (CardMode.NONE, ""))[0] for info in self._infos}
+        self._sharing = {
+            info.index: SharingPolicy(stored[info.uuid][1] or SharingPolicy.ISOLATED)
+            for info in self._infos
+            if info.uuid in stored and stored[info.uuid][0] is CardMode.TDM
+        }
         self._records = {r.id: r for r in await self._store(self.store.all)}
         for info in self._infos:
             try:
@@ -227,7 +236,7 @@ class PartitionManager:
             return
         if record.mode is CardMode.TDM:
             try:
-                await self._host(self.mps.ensure, self._mps_spec(record))
+                await self._host(self._card_sharing(gpu).ensure, record)
             except MpsError as exc:
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
@@ -248,16 +257,22 @@ class PartitionManager:
 
     # ----- card mode ---------------------------------------------------------------------------------------
 
-    async def set_mode(self, gpu_ref: str, mode: CardMode) -> CardCapacity:
+    async def set_mode(self, gpu_ref: str, mode: CardMode, sharing: SharingPolicy | None = None) -> CardCapacity:
+        """``sharing``: the TDM sharing policy (None: the configured default); only for TDM."""
         gpu = self.resolve_gpu(gpu_ref)
+        if sharing is not None and mode is not CardMode.TDM:
+            raise invalid("sharing: applies only to mode tdm")
+        policy = (sharing or self._default_sharing) if mode is CardMode.TDM else None
         async with self._card_locks[gpu]:
             current = self._modes[gpu]
-            if mode is current:
+            if mode is current and (policy is None or self._sharing.get(gpu) is policy):
                 return self._capacity(gpu)
             on_card = [r for r in self._records.values() if r.gpu == gpu]
             if on_card:
+                change = "mode" if mode is not current else "TDM sharing"
                 raise precondition(
-                    f"GPU {gpu} is in mode {current} with {len(on_card)} partition(s); delete them before changing mode"
+                    f"GPU {gpu} is in mode {current} with {len(on_card)} partition(s); delete them before changing "
+                    f"its {change}"
                 )
             try:
                 await self._refresh_hardware(gpu)
@@ -275,10 +290,14 @@ class PartitionManager:
                     f"GPU {gpu} has MIG mode enabled in hardware; TDM needs the whole card: run "
                     f"`nvidia-smi -i {gpu} -mig 0` (with no MIG instances left), then retry"
                 )
-            await self._store(self.store.set_card_mode, self._infos[gpu].uuid, mode)
+            await self._store(self.store.set_card_mode, self._infos[gpu].uuid, mode, str(policy or ""))
             self._modes[gpu] = mode
+            if policy is None:
+                self._sharing.pop(gpu, None)
+            else:
+                self._sharing[gpu] = policy
             self._publish()
-            log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current))
+            log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current), sharing=str(policy or ""))
             return self._capacity(gpu)
 
     # ----- create ------------------------------------------------------------------------------------------
@@ -414,7 +433,7 @@ class PartitionManager:
         self._creating.add(record.id)
         try:
             try:
-                await self._host(self.mps.ensure, self._mps_spec(record))
+                await self._host(self._card_sharing(record.gpu).ensure, record)
             except MpsError as exc:
                 await self._forget(record.id)
                 raise unavailable(f"MPS control daemon for GPU {record.gpu} did not start: {exc}") from exc
@@ -503,7 +522,7 @@ class PartitionManager:
 
     def edits(self, record: PartitionRecord) -> ContainerEdits:
         minor = self._infos[record.gpu].minor_number
-        pipe = self._mps_spec(record).pipe_dir if record.mode is CardMode.TDM else None
+        pipe = self._card_sharing(record.gpu).daemon(record).pipe_dir if record.mode is CardMode.TDM else None
         return container_edits(
             record,
             gpu_minor=record.gpu if isinstance(minor, Unsupported) else minor,
@@ -522,6 +541,7 @@ class PartitionManager:
             self._profiles.get(gpu, ()),
             self._foreign.get(gpu, ()),
             self._hw_mig.get(gpu, False),
+            str(self._sharing.get(gpu, "")),
         )
 
     # ----- delete, leases, reclaim -------------------------------------------------------------------------
@@ -544,7 +564,8 @@ class PartitionManager:
             await self._save(record)
             await self._write_cdi()  # no new container gets a partition that is going away
         if record.mode is CardMode.TDM:
-            await self._host(self.mps.release, self._mps_spec(record))
+            others = [r for r in self._records.values() if r.gpu == record.gpu and r.id != record.id]
+            await self._host(self._card_sharing(record.gpu).release, record, others)
         elif record.mig and record.mig.uuid:
             deadline = self.clock() + retry_s
             delay = 0.05
@@ -654,8 +675,8 @@ class PartitionManager:
                 return info.index
         raise not_found(f"gpu: no GPU with UUID {ref[:100]!r}")
 
-    def _mps_spec(self, record: PartitionRecord) -> MpsDaemonSpec:
-        return self.mps.spec_for(record.id, record.gpu_uuid, record.compute_percent, record.memory_mib)
+    def _card_sharing(self, gpu: int) -> CardSharing:
+        return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)
 
     async def _store(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)

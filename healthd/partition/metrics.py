@@ -10,6 +10,7 @@ from exporter.snapshot import Snapshot
 from healthd.partition.manager import View
 from healthd.partition.model import CardMode
 from healthd.partition.quantity import MIB
+from healthd.partition.sharing import SharingPolicy
 
 
 class PartitionCollector:
@@ -67,6 +68,12 @@ class PartitionCollector:
             "Partition mode of the card (1 for the current mode).",
             labels=["gpu", "uuid", "mode"],
         )
+        sharing = GaugeMetricFamily(
+            "xpu_gpu_partition_sharing",
+            "TDM sharing policy of the card (1 for the current one): isolated (an MPS daemon per partition, quotas "
+            "enforced) or shared (one per card, partitions side by side, quotas cooperative).",
+            labels=["gpu", "uuid", "policy"],
+        )
         count = GaugeMetricFamily("xpu_gpu_partitions", "Partitions on the card.", labels=["gpu", "uuid"])
         alloc_compute = GaugeMetricFamily(
             "xpu_gpu_partition_compute_allocated_ratio",
@@ -87,6 +94,9 @@ class PartitionCollector:
             card = [str(c.gpu), c.gpu_uuid]
             for m in CardMode:
                 mode.add_metric([*card, m.value], 1.0 if c.mode is m else 0.0)
+            if c.sharing:
+                for policy in SharingPolicy:
+                    sharing.add_metric([*card, policy.value], 1.0 if c.sharing == policy.value else 0.0)
             count.add_metric(card, float(c.partitions))
             alloc_compute.add_metric(card, c.compute_percent_allocated / 100.0)
             alloc_memory.add_metric(card, float(c.memory_allocated_mib * MIB))
@@ -101,4 +111,4 @@ class PartitionCollector:
         )
         for scope, n in sorted(self._reconcile_failures().items()):
             failures.add_metric([scope], float(n))
-        return [info, compute, memory, mode, count, alloc_compute, alloc_memory, foreign, reclaimed, failures]
+        return [info, compute, memory, mode, sharing, count, alloc_compute, alloc_memory, foreign, reclaimed, failures]

@@ -34,7 +34,7 @@ def mps_memory(mib: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class MpsDaemonSpec:
-    partition_id: str
+    daemon_id: str
     gpu_uuid: str
     pipe_dir: Path
     log_dir: Path
@@ -152,7 +152,7 @@ class NvidiaMpsControl:
         try:
             self.command(spec, "quit")
         except MpsError as exc:
-            log.info("mps control daemon was not running", partition=spec.partition_id, detail=str(exc))
+            log.info("mps control daemon was not running", daemon=spec.daemon_id, detail=str(exc))
 
 
 @dataclass
@@ -184,28 +184,28 @@ class SimulatedMpsControl:
             verb, _, arg = text.partition(" ")
             daemon.defaults[verb] = arg
         with self._lock:
-            self._daemons[spec.partition_id] = daemon
+            self._daemons[spec.daemon_id] = daemon
             self.starts += 1
-            self.commands.extend((spec.partition_id, t) for t in spec.default_commands())
+            self.commands.extend((spec.daemon_id, t) for t in spec.default_commands())
 
     def alive(self, spec: MpsDaemonSpec) -> bool:
         with self._lock:
-            return spec.partition_id in self._daemons
+            return spec.daemon_id in self._daemons
 
     def stop(self, spec: MpsDaemonSpec) -> None:
         with self._lock:
-            self._daemons.pop(spec.partition_id, None)
-            self.commands.append((spec.partition_id, "quit"))
+            self._daemons.pop(spec.daemon_id, None)
+            self.commands.append((spec.daemon_id, "quit"))
         (spec.pipe_dir / "control").unlink(missing_ok=True)
 
-    def kill(self, partition_id: str) -> None:
+    def kill(self, daemon_id: str) -> None:
         """Simulate the daemon dying (crash, OOM kill)."""
         with self._lock:
-            self._daemons.pop(partition_id, None)
+            self._daemons.pop(daemon_id, None)
 
-    def defaults(self, partition_id: str) -> Mapping[str, str]:
+    def defaults(self, daemon_id: str) -> Mapping[str, str]:
         with self._lock:
-            daemon = self._daemons.get(partition_id)
+            daemon = self._daemons.get(daemon_id)
             return dict(daemon.defaults) if daemon else {}
 
     def running(self) -> set[str]:
@@ -232,10 +232,10 @@ class MpsSupervisor:
         self._lock = threading.Lock()
         self.restarts = 0
 
-    def spec_for(self, partition_id: str, gpu_uuid: str, compute_percent: int, memory_mib: int) -> MpsDaemonSpec:
-        base = self._root / partition_id
+    def spec_for(self, daemon_id: str, gpu_uuid: str, compute_percent: int, memory_mib: int) -> MpsDaemonSpec:
+        base = self._root / daemon_id
         return MpsDaemonSpec(
-            partition_id=partition_id,
+            daemon_id=daemon_id,
             gpu_uuid=gpu_uuid,
             pipe_dir=base / "pipe",
             log_dir=base / "log",
@@ -252,12 +252,12 @@ class MpsSupervisor:
                 shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
                 raise
         with self._lock:
-            self._specs[spec.partition_id] = spec
+            self._specs[spec.daemon_id] = spec
 
     def release(self, spec: MpsDaemonSpec) -> None:
         """Stop the partition's daemon (known to us or not, as after a restart) and remove its directories."""
         with self._lock:
-            self._specs.pop(spec.partition_id, None)
+            self._specs.pop(spec.daemon_id, None)
         self.control.stop(spec)
         shutil.rmtree(spec.pipe_dir.parent, ignore_errors=True)
 
@@ -269,14 +269,14 @@ class MpsSupervisor:
         for spec in specs:
             if self.control.alive(spec):
                 continue
-            log.warning("mps control daemon died; restarting", partition=spec.partition_id)
+            log.warning("mps control daemon died; restarting", daemon=spec.daemon_id)
             try:
                 self.control.start(spec)
             except MpsError as exc:
-                log.error("mps restart failed", partition=spec.partition_id, error=str(exc))
+                log.error("mps restart failed", daemon=spec.daemon_id, error=str(exc))
                 continue
             self.restarts += 1
-            restarted.append(spec.partition_id)
+            restarted.append(spec.daemon_id)
         return restarted
 
     def known(self) -> set[str]:

@@ -97,7 +97,7 @@ class TransientUnitLauncher:
         path = shutil.which(binary, path=env.get("PATH", os.defpath))
         if path is None:
             raise LaunchError(f"{binary}: not found")
-        unit = mps_unit_name(spec.partition_id)
+        unit = mps_unit_name(spec.daemon_id)
         self._call([self._systemctl, "stop", unit], timeout, f"systemctl stop {unit}", check=False)
         command = [
             self._systemd_run,
@@ -105,7 +105,7 @@ class TransientUnitLauncher:
             "--collect",
             f"--unit={unit}",
             f"--slice={MPS_SLICE}",
-            f"--description=CUDA MPS control daemon of xpu-healthd partition {spec.partition_id}",
+            f"--description=CUDA MPS control daemon of xpu-healthd ({spec.daemon_id})",
             "--service-type=forking",
             f"--property=TimeoutStartSec={max(1, int(timeout))}s",
             *(f"--setenv={key}={value}" for key, value in sorted(spec.env().items())),
@@ -128,9 +128,9 @@ class TransientUnitLauncher:
 _UNIT_SAFE = re.compile(r"[A-Za-z0-9:_.-]")
 
 
-def mps_unit_name(partition_id: str) -> str:
+def mps_unit_name(daemon_id: str) -> str:
     """``xpu-mps-<id>.service``; other characters become \\xNN, as in systemd unit names."""
-    escaped = "".join(c if _UNIT_SAFE.fullmatch(c) else _escape(c) for c in partition_id)
+    escaped = "".join(c if _UNIT_SAFE.fullmatch(c) else _escape(c) for c in daemon_id)
     return f"xpu-mps-{escaped}.service"
 
 

@@ -20,6 +20,7 @@ from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CardCapacity, CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
 from healthd.partition.quantity import MIB, check_compute_percent, parse_memory_mib
+from healthd.partition.sharing import SharingPolicy
 
 log = structlog.get_logger("partition.service")
 
@@ -39,6 +40,11 @@ MODES = {
     pb.PARTITION_MODE_MIG: CardMode.MIG,
 }
 MODE_TO_PB = {v: k for k, v in MODES.items()}
+SHARING = {
+    pb.TDM_SHARING_DEFAULT: None,
+    pb.TDM_SHARING_ISOLATED: SharingPolicy.ISOLATED,
+    pb.TDM_SHARING_SHARED: SharingPolicy.SHARED,
+}
 
 
 def owner_from_pb(owner: Any) -> tuple[Owner, float]:
@@ -131,6 +137,7 @@ def capacity_to_pb(c: CardCapacity) -> Any:
             for i in c.foreign
         ],
         hardware_mig_enabled=c.hardware_mig,
+        tdm_sharing=c.sharing,
     )
 
 
@@ -164,7 +171,9 @@ class PartitionsService(pb_grpc.PartitionsServicer):
         if mode is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "mode: must be NONE, TDM or MIG")
         assert mode is not None
-        cap = await self._guard(context, self._m.set_mode(request.gpu, mode))
+        if request.sharing not in SHARING:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sharing: must be DEFAULT, ISOLATED or SHARED")
+        cap = await self._guard(context, self._m.set_mode(request.gpu, mode, SHARING[request.sharing]))
         return capacity_to_pb(cap)
 
     async def CreatePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -18,7 +18,8 @@ from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, Pa
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cards (
     gpu_uuid TEXT PRIMARY KEY,
-    mode TEXT NOT NULL
+    mode TEXT NOT NULL,
+    sharing TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS partitions (
     id TEXT PRIMARY KEY,
@@ -52,6 +53,9 @@ class Store:
         self._db.execute("PRAGMA busy_timeout=5000")
         with self._lock:
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(cards)")}
+            if "sharing" not in columns:  # a state file from before TDM sharing policies
+                self._db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         with self._lock:
@@ -59,16 +63,18 @@ class Store:
 
     # ----- cards ---------------------------------------------------------------------------------------------
 
-    def card_modes(self) -> dict[str, CardMode]:
+    def card_modes(self) -> dict[str, tuple[CardMode, str]]:
+        """Card uuid -> (mode, TDM sharing policy name; "" when none was stored)."""
         with self._lock:
-            rows = self._db.execute("SELECT gpu_uuid, mode FROM cards").fetchall()
-        return {uuid: CardMode(mode) for uuid, mode in rows}
+            rows = self._db.execute("SELECT gpu_uuid, mode, sharing FROM cards").fetchall()
+        return {uuid: (CardMode(mode), sharing) for uuid, mode, sharing in rows}
 
-    def set_card_mode(self, gpu_uuid: str, mode: CardMode) -> None:
+    def set_card_mode(self, gpu_uuid: str, mode: CardMode, sharing: str = "") -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO cards(gpu_uuid, mode) VALUES(?, ?) ON CONFLICT(gpu_uuid) DO UPDATE SET mode=excluded.mode",
-                (gpu_uuid, mode.value),
+                "INSERT INTO cards(gpu_uuid, mode, sharing) VALUES(?, ?, ?) ON CONFLICT(gpu_uuid) DO UPDATE SET"
+                " mode=excluded.mode, sharing=excluded.sharing",
+                (gpu_uuid, mode.value, sharing),
             )
 
     # ----- partitions ----------------------------------------------------------------------------------------

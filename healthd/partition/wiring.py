@@ -28,6 +28,7 @@ from healthd.partition.owners import OwnerProbe, PodExists
 from healthd.partition.planner import CardOrder, pick_card
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
+from healthd.partition.sharing import SharingPolicy
 from healthd.partition.simdevices import simulated_host_devices
 from healthd.server import GrpcServer, Service
 
@@ -94,6 +95,7 @@ class Partitions:
             order_any=order_any,
             snapshot=snapshot,
             devices=self.devices,
+            default_sharing=SharingPolicy(settings.tdm_sharing),
         )
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)

@@ -16,6 +16,7 @@ from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, PodExists
 from healthd.partition.service import PartitionsService
+from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 from healthd.partition.wiring import SERVICE_NAME, add_partitions
 from healthd.server import GrpcServer, Service
@@ -39,6 +40,7 @@ class Node:
     root: Path
     backend: SimulatedBackend
     clock: FakeClock
+    sharing: SharingPolicy = SharingPolicy.ISOLATED  # the default TDM sharing of its manager
 
     @property
     def state_file(self) -> Path:
@@ -66,16 +68,23 @@ class Node:
             settings=settings or ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
             clock=self.clock,
             proc_root=proc_root,
+            default_sharing=self.sharing,
             **({"new_id": new_id} if new_id else {}),
         )
 
 
+@pytest.fixture(params=list(SharingPolicy), ids=lambda p: f"tdm-{p}")
+def sharing(request: pytest.FixtureRequest) -> SharingPolicy:
+    """Every test that builds a node runs under both TDM sharing policies."""
+    return SharingPolicy(request.param)
+
+
 @pytest.fixture
-def make_node(tmp_path: Path) -> Callable[[str], Node]:
+def make_node(tmp_path: Path, sharing: SharingPolicy) -> Callable[[str], Node]:
     def make(scenario: str = "h200x8") -> Node:
         backend = SimulatedBackend.from_name(scenario)
         backend.open()
-        return Node(root=tmp_path, backend=backend, clock=FakeClock())
+        return Node(root=tmp_path, backend=backend, clock=FakeClock(), sharing=sharing)
 
     return make
 

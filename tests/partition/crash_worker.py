@@ -12,10 +12,11 @@ from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
+from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 
 
-async def main(root: Path) -> None:
+async def main(root: Path, sharing: SharingPolicy) -> None:
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
     manager = PartitionManager(
@@ -25,6 +26,7 @@ async def main(root: Path) -> None:
         CdiWriter(root / "cdi"),
         OwnerProbe(clock=lambda: 0.0),
         clock=lambda: 0.0,
+        default_sharing=sharing,
     )
     await manager.start()
     await manager.set_mode("1", CardMode.TDM)
@@ -49,4 +51,4 @@ if __name__ == "__main__":
     import structlog
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout carries the protocol
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]), SharingPolicy(sys.argv[2] if len(sys.argv) > 2 else "isolated")))

@@ -12,20 +12,24 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import SPEC_FILE, CdiWriter
 from healthd.partition.manager import PartitionManager
 from healthd.partition.model import State
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
+from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from healthd.partition.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_sigkill_loses_nothing_committed_and_restart_matches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharing", list(SharingPolicy))
+def test_sigkill_loses_nothing_committed_and_restart_matches(tmp_path: Path, sharing: SharingPolicy) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.partition.crash_worker", str(tmp_path)],
+        [sys.executable, "-m", "tests.partition.crash_worker", str(tmp_path), sharing.value],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -69,11 +73,16 @@ def test_sigkill_loses_nothing_committed_and_restart_matches(tmp_path: Path) -> 
             CdiWriter(tmp_path / "cdi"),
             OwnerProbe(clock=lambda: 0.0),
             clock=lambda: 0.0,
+            default_sharing=sharing,
         )
         await m.start()
         ready = {p.id for p in m.list_partitions()}
         assert all(p.state is State.READY for p in m.list_partitions())
-        assert mps.running() == ready  # one control daemon per partition, again
+        # the control daemons the policy asks for, again: one per partition, or one for the card
+        wanted = (
+            ready if sharing is SharingPolicy.ISOLATED else {shared_daemon_id(p.gpu_uuid) for p in m.list_partitions()}
+        )
+        assert mps.running() == wanted
         spec = json.loads((tmp_path / "cdi" / SPEC_FILE).read_text())
         assert {d["name"] for d in spec["devices"]} == ready
         assert {p.id for p in m.list_partitions()} >= (created - deleted)

@@ -19,6 +19,7 @@ from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, State
 from healthd.partition.mps import SimulatedMpsControl
+from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from tests.partition.conftest import FakeClock, Node
 
 CARDS = ("1", "2", "6", "7")  # 1, 2: MIG off in hardware; 6: MIG on, empty; 7: MIG on with 2 foreign instances
@@ -26,12 +27,14 @@ EXPECTED_FAILURES = {Kind.INVALID, Kind.EXHAUSTED, Kind.PRECONDITION, Kind.NOT_F
 
 
 class PartitionMachine(RuleBasedStateMachine):
+    SHARING = SharingPolicy.ISOLATED
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
         backend = SimulatedBackend.from_name("h200x8")
         backend.open()
-        self.node = Node(root=Path(self.tmp.name), backend=backend, clock=FakeClock())
+        self.node = Node(root=Path(self.tmp.name), backend=backend, clock=FakeClock(), sharing=self.SHARING)
         self.loop = asyncio.new_event_loop()
         self.mps = SimulatedMpsControl()
         self.foreign = {i.uuid for i in backend.mig_instances(7)}
@@ -140,9 +143,15 @@ class PartitionMachine(RuleBasedStateMachine):
             ours = {r.mig.uuid for r in records if r.gpu == gpu and r.mig}
             assert ours <= on_gpu
             assert on_gpu - ours == (self.foreign if gpu == 7 else set())
-        # TDM: one MPS daemon per partition (after a kill, until the next reconcile, one may be missing)
-        tdm = {r.id for r in records if r.mode is CardMode.TDM and r.state is State.READY}
-        assert self.mps.running() <= tdm
+        # TDM: the daemons the policy asks for, one per partition or one per card with TDM partitions (after a
+        # kill, until the next reconcile, one may be missing), and never one that nothing needs
+        tdm = [r for r in records if r.mode is CardMode.TDM and r.state is State.READY]
+        wanted = (
+            {r.id for r in tdm}
+            if self.SHARING is SharingPolicy.ISOLATED
+            else {shared_daemon_id(r.gpu_uuid) for r in tdm}
+        )
+        assert self.mps.running() <= wanted
         # CDI lists exactly the ready partitions
         spec_path = self.node.cdi_dir / SPEC_FILE
         ready = {r.id for r in records if r.state is State.READY}
@@ -150,5 +159,11 @@ class PartitionMachine(RuleBasedStateMachine):
         assert names == ready
 
 
+class SharedPartitionMachine(PartitionMachine):
+    SHARING = SharingPolicy.SHARED
+
+
 TestPartitionMachine = PartitionMachine.TestCase
 TestPartitionMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestSharedPartitionMachine = SharedPartitionMachine.TestCase
+TestSharedPartitionMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

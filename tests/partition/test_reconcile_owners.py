@@ -16,6 +16,7 @@ from healthd.partition.manager import CreateRequest, ManagerSettings
 from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsDaemonSpec, MpsError, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, process_start_ticks
+from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from tests.partition.conftest import FakeClock, Node
 
 CID = "0123456789abcdef" * 4
@@ -114,19 +115,52 @@ def test_dead_mps_daemons_are_restarted_with_their_quota(make_node: Callable[[st
         await m.start()
         await m.set_mode("2", CardMode.TDM)
         p = await m.create(CreateRequest(Owner(OwnerKind.LEASE, holder="h"), "2", 30, 2048, lease_ttl_seconds=600))
-        assert mps.defaults(p.id) == {
-            "set_default_active_thread_percentage": "30",
-            "set_default_device_pinned_mem_limit": "0 2G",
-        }
-        mps.kill(p.id)
+        if node.sharing is SharingPolicy.ISOLATED:  # the quota is the partition's own daemon's ceiling
+            daemon = p.id
+            defaults = {"set_default_active_thread_percentage": "30", "set_default_device_pinned_mem_limit": "0 2G"}
+        else:  # one daemon for the card, no ceiling; the quota travels in the client's environment
+            daemon, defaults = shared_daemon_id(p.gpu_uuid), {}
+        env = m.edits(p).env
+        assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("30", "0=2G")
+        assert mps.defaults(daemon) == defaults
+        mps.kill(daemon)
         assert mps.running() == set()
         await m.reconcile()
-        assert mps.running() == {p.id}
-        assert mps.defaults(p.id)["set_default_active_thread_percentage"] == "30"
+        assert mps.running() == {daemon}
+        assert mps.defaults(daemon) == defaults
         assert m.mps.restarts == 1
         await m.delete(p.id)
         assert mps.running() == set()
-        assert not (node.root / "run" / "mps" / p.id).exists()
+        assert not (node.root / "run" / "mps" / daemon).exists()
+
+    asyncio.run(go())
+
+
+def test_a_shared_card_keeps_its_daemon_until_its_last_partition_goes(make_node: Callable[[str], Node]) -> None:
+    async def go() -> None:
+        node = make_node("h200x8")
+        mps = SimulatedMpsControl()
+        m = node.manager(mps=mps)
+        await m.start()
+        await m.set_mode("2", CardMode.TDM, SharingPolicy.SHARED)
+        assert m.capacity("2")[0].sharing == "shared"
+        a = await m.create(CreateRequest(Owner(OwnerKind.LEASE, holder="a"), "2", 30, 2048, lease_ttl_seconds=600))
+        b = await m.create(CreateRequest(Owner(OwnerKind.LEASE, holder="b"), "2", 70, 8192, lease_ttl_seconds=600))
+        card = shared_daemon_id(a.gpu_uuid)
+        assert mps.running() == {card}, "one server for both: they run side by side"
+        assert m.edits(a).env["CUDA_MPS_PIPE_DIRECTORY"] == m.edits(b).env["CUDA_MPS_PIPE_DIRECTORY"]
+        await m.delete(a.id)
+        assert mps.running() == {card}, "b still uses it"
+        with pytest.raises(PartitionError) as busy:
+            await m.set_mode("2", CardMode.TDM, SharingPolicy.ISOLATED)
+        assert busy.value.kind is Kind.PRECONDITION and "TDM sharing" in busy.value.message
+        await m.delete(b.id)
+        assert mps.running() == set()
+        await m.set_mode("2", CardMode.TDM, SharingPolicy.ISOLATED)
+        assert m.capacity("2")[0].sharing == "isolated"
+        with pytest.raises(PartitionError) as wrong:
+            await m.set_mode("3", CardMode.MIG, SharingPolicy.SHARED)
+        assert wrong.value.kind is Kind.INVALID
 
     asyncio.run(go())
 

@@ -13,10 +13,19 @@ class PartitionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PARTITION_MODE_NONE: _ClassVar[PartitionMode]
     PARTITION_MODE_TDM: _ClassVar[PartitionMode]
     PARTITION_MODE_MIG: _ClassVar[PartitionMode]
+
+class TdmSharing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TDM_SHARING_DEFAULT: _ClassVar[TdmSharing]
+    TDM_SHARING_ISOLATED: _ClassVar[TdmSharing]
+    TDM_SHARING_SHARED: _ClassVar[TdmSharing]
 PARTITION_MODE_UNSPECIFIED: PartitionMode
 PARTITION_MODE_NONE: PartitionMode
 PARTITION_MODE_TDM: PartitionMode
 PARTITION_MODE_MIG: PartitionMode
+TDM_SHARING_DEFAULT: TdmSharing
+TDM_SHARING_ISOLATED: TdmSharing
+TDM_SHARING_SHARED: TdmSharing
 
 class Owner(_message.Message):
     __slots__ = ("container", "pod", "process", "lease")
@@ -198,12 +207,14 @@ class RenewLeaseRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class SetCardModeRequest(_message.Message):
-    __slots__ = ("gpu", "mode")
+    __slots__ = ("gpu", "mode", "sharing")
     GPU_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     gpu: str
     mode: PartitionMode
-    def __init__(self, gpu: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ...) -> None: ...
+    sharing: TdmSharing
+    def __init__(self, gpu: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., sharing: _Optional[_Union[TdmSharing, str]] = ...) -> None: ...
 
 class ForeignMigInstance(_message.Message):
     __slots__ = ("gpu_instance_id", "profile", "placement_start", "placement_size", "uuid")
@@ -220,7 +231,7 @@ class ForeignMigInstance(_message.Message):
     def __init__(self, gpu_instance_id: _Optional[int] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class CardCapacity(_message.Message):
-    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled")
+    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled", "tdm_sharing")
     GPU_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +242,7 @@ class CardCapacity(_message.Message):
     MIG_MEMORY_SLICES_FREE_FIELD_NUMBER: _ClassVar[int]
     FOREIGN_MIG_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    TDM_SHARING_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     gpu_uuid: str
     mode: PartitionMode
@@ -241,7 +253,8 @@ class CardCapacity(_message.Message):
     mig_memory_slices_free: int
     foreign_mig_instances: _containers.RepeatedCompositeFieldContainer[ForeignMigInstance]
     hardware_mig_enabled: bool
-    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ...) -> None: ...
+    tdm_sharing: str
+    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ..., tdm_sharing: _Optional[str] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("gpu",)
