@@ -9,6 +9,7 @@ call the backend).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -22,7 +23,16 @@ import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
-from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+from exporter.backends.types import (
+    DeviceInfo,
+    DeviceProfiling,
+    DeviceSample,
+    GpuProcess,
+    MigInstance,
+    PcieThroughput,
+    ProfilingMetric,
+    SystemInfo,
+)
 from exporter.snapshot import CallCounters, GpuSnapshot, Snapshot
 
 T = TypeVar("T")
@@ -34,6 +44,7 @@ class SamplerConfig:
     interval_seconds: float = 5.0
     call_deadline_seconds: float = 2.0
     open_deadline_seconds: float = 10.0
+    pcie_throughput_interval_seconds: float = 30.0  # the 2 x 20 ms fallback, for cards whose GPM lacks PCIe rates
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -50,6 +61,8 @@ class _CycleResult:
     mig_instances: tuple[MigInstance, ...]
     error: BackendError | None
     finished_at: float
+    profiling: DeviceProfiling | None = None
+    pcie_throughput: PcieThroughput | None = None
 
 
 class _CallTimer:
@@ -114,6 +127,9 @@ class _GpuWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{index}")
         self.future: Future[_CycleResult] | None = None
         self.info: DeviceInfo | None = None
+        self.pcie: PcieThroughput | None = None  # last fallback reading, kept between its slow-cadence reads
+        self.pcie_read_at: float | None = None
+        self.pcie_every = 30.0
 
     @property
     def busy(self) -> bool:
@@ -146,13 +162,36 @@ class _GpuWorker:
             processes = self._call("processes", b.processes)
             if sample.mig_mode_current is True:
                 instances = self._call("mig_instances", b.mig_instances)
+            profiling, pcie = self._profiling(instances)
         except BackendError as exc:
             return _CycleResult(info, None, (), (), exc, clock())
         except Exception as exc:  # a backend bug must not kill the worker; report it as data
             log.exception("backend call raised unexpectedly", gpu=self.index)
             err = BackendError(f"{type(exc).__name__}: {exc}", call="unexpected", code="internal")
             return _CycleResult(info, None, (), (), err, clock())
-        return _CycleResult(info, sample, processes, instances, None, clock())
+        return _CycleResult(info, sample, processes, instances, None, clock(), profiling, pcie)
+
+    # --- profiling (GPM) and the PCIe throughput fallback -------------------------------------------------------
+    # One more call per card per cycle (``profiling``), and ``pcie_throughput`` every ``pcie_every`` seconds
+    # only where the card's GPM gives no PCIe rates. A failure of either degrades only its own series: it is
+    # counted in xpu_backend_call_errors_total and the rest of the card's sample stands.
+
+    def _profiling(self, instances: tuple[MigInstance, ...]) -> tuple[DeviceProfiling | None, PcieThroughput | None]:
+        profiling: DeviceProfiling | None = None
+        with contextlib.suppress(BackendError):
+            profiling = self._call("profiling", lambda index: self._backend.profiling(index, instances))
+        card = profiling.card if profiling is not None else None
+        if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
+            self.pcie, self.pcie_read_at = None, None
+            return profiling, None
+        now = self._monotonic()
+        if self.pcie_read_at is None or now - self.pcie_read_at >= self.pcie_every:
+            self.pcie_read_at = now
+            try:
+                self.pcie = self._call("pcie_throughput", self._backend.pcie_throughput)
+            except BackendError:
+                self.pcie = None
+        return profiling, self.pcie
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -266,6 +305,8 @@ class Sampler:
         self._system = self.backend.system_info()
         count = self.backend.device_count()
         self._workers = [_GpuWorker(i, self.backend, self._counters, self._monotonic) for i in range(count)]
+        for worker in self._workers:
+            worker.pcie_every = self.config.pcie_throughput_interval_seconds
         self._backend_error = None
         log.info("backend open", backend=self.backend.name, gpus=count, driver=self._system.driver_version)
 
@@ -328,6 +369,8 @@ class Sampler:
                 mig_instances=result.mig_instances,
                 sampled_at=result.finished_at,
                 fresh=True,
+                profiling=result.profiling,
+                pcie_throughput=result.pcie_throughput,
             )
             if prev is not None and not prev.fresh:
                 log.info("gpu answering again", gpu=w.index)
@@ -347,6 +390,8 @@ class Sampler:
             fresh=False,
             error=message,
             error_code=code,
+            profiling=prev.profiling if prev else None,
+            pcie_throughput=prev.pcie_throughput if prev else None,
         )
 
     def _publish(self, started: float) -> Snapshot:
