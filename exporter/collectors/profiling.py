@@ -83,10 +83,14 @@ NVLINK: tuple[_Family, ...] = (
     ),
 )
 ENGINE_HELP: Mapping[MediaEngine, str] = {
-    MediaEngine.NVDEC: "Share of time each video decoder (NVDEC) engine was busy (GPM NVDEC_n_UTIL).",
-    MediaEngine.NVJPG: "Share of time each JPEG decoder (NVJPG) engine was busy (GPM NVJPG_n_UTIL).",
-    MediaEngine.NVOFA: "Share of time each optical-flow accelerator (NVOFA) was busy (GPM NVOFA_n_UTIL).",
-    MediaEngine.NVENC: "Share of time each video encoder (NVENC) engine was busy (GPM NVENC_n_UTIL).",
+    MediaEngine.NVDEC: "Share of time the video decoder (NVDEC) engines were busy, mean over the card's engines "
+    "(GPM NVDEC_n_UTIL).",
+    MediaEngine.NVJPG: "Share of time the JPEG decoder (NVJPG) engines were busy, mean over the card's engines "
+    "(GPM NVJPG_n_UTIL).",
+    MediaEngine.NVOFA: "Share of time the optical-flow accelerators (NVOFA) were busy, mean over the card's engines "
+    "(GPM NVOFA_n_UTIL).",
+    MediaEngine.NVENC: "Share of time the video encoder (NVENC) engines were busy, mean over the card's engines "
+    "(GPM NVENC_n_UTIL).",
 }
 
 
@@ -118,7 +122,7 @@ class ProfilingCollector:
         card = _families("xpu_gpu", card_labels, (*ACTIVITY, *NVLINK))
         mig = _families("xpu_mig", mig_labels, ACTIVITY)
         engines = {
-            engine: GaugeMetricFamily(f"xpu_gpu_{engine.value}_active_ratio", text, labels=[*card_labels, "engine"])
+            engine: GaugeMetricFamily(f"xpu_gpu_{engine.value}_active_ratio", text, labels=card_labels)
             for engine, text in ENGINE_HELP.items()
         }
         codec = (
@@ -162,11 +166,20 @@ class ProfilingCollector:
         supported.add_metric(values, 1.0 if p.gpm_supported else 0.0)
         if p.card is not None:
             _add(card, values, p.card)
-            for (engine, n), busy in sorted(p.card.engines.items()):
-                engines[engine].add_metric([*values, str(n)], busy)
+            for engine, busy in _engine_means(p.card).items():
+                engines[engine].add_metric(values, busy)
         for family, ratio in zip(codec, (p.encoder_utilization_ratio, p.decoder_utilization_ratio), strict=True):
             if not isinstance(ratio, Unsupported):
                 family.add_metric(values, ratio)
+
+
+def _engine_means(reading: ProfilingSample) -> dict[MediaEngine, float]:
+    """Mean busy ratio per kind of engine the card answered for (one series per kind, not per engine: an H200 has
+    7 NVDEC and 7 NVJPG engines, and the per-engine split rarely matters)."""
+    kinds: dict[MediaEngine, list[float]] = {}
+    for (engine, _n), busy in reading.engines.items():
+        kinds.setdefault(engine, []).append(busy)
+    return {engine: sum(values) / len(values) for engine, values in kinds.items()}
 
 
 def _profiling(gpu: GpuSnapshot) -> DeviceProfiling:
