@@ -6,7 +6,8 @@
 # Device tool:  run(command="bash bench/device_check.sh", carry=[".whl"], timeout_s=540)
 # Elsewhere:    OUT=/tmp/xpu-check bash bench/device_check.sh   (any NVIDIA machine with Python 3.12 and torch)
 #
-# Steps: the backend contract suite on real NVML (pytest), then bench/device_check.py: the daemon on the real backend
+# Steps: the backend contract suite on real NVML (pytest), the GPM check (bench/gpm_check.py: profiling support and
+# one sample per card, GPM call latency), then bench/device_check.py: the daemon on the real backend
 # for a minute, NVML overhead, bf16 matmul throughput with and without the daemon, and nvitop-exporter and
 # nvidia-smi beside it. Results land in $OUT (device_results.json, summary.txt, logs); the summary prints last.
 set -uo pipefail
@@ -42,9 +43,14 @@ XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/
   2>&1 | tee "$OUT/pytest.log" | tail -25
 contract_rc=${PIPESTATUS[0]}
 
+echo "== GPM: support, one interval per card and MIG instance, call latency (bench/gpm_check.py)"
+timeout 90 python3 bench/gpm_check.py --interval 1.0 --out "$OUT" 2>&1 | tee "$OUT/gpm.log" | tail -60
+gpm_rc=${PIPESTATUS[0]}
+
 echo "== device_check.py"
 timeout 480 python3 bench/device_check.py --out "$OUT" --contract-rc "$contract_rc" "$@"
 rc=$?
 [ "$contract_rc" -eq 0 ] || rc=1
+[ "$gpm_rc" -eq 0 ] || rc=1
 echo "device_check: exit $rc (results in $OUT)"
 exit $rc

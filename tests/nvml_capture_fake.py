@@ -158,7 +158,8 @@ class GpmModel:
             values.update(dict.fromkeys(range(first, first + count), 0.0))
         return values
 
-    def _catch_up(self, key: tuple[int, int]) -> None:
+    def _catch_up(self, key: tuple[int, int]) -> float:
+        """Integrate the entity's values up to now; returns the time it integrated to."""
         now = self.clock()
         if key not in self.activity:
             self.activity[key] = self.card_metrics() if key[1] < 0 else dict.fromkeys(_GPM_ACTIVITY_IDS, 0.0)
@@ -169,6 +170,7 @@ class GpmModel:
         for mid, value in self.activity[key].items():
             area[mid] = area.get(mid, 0.0) + value * span
         self.updated_at[key] = now
+        return now
 
     def set(self, gpu: int, values: dict[int, float], gpu_instance: int = -1) -> None:
         """From now on the card (or GPU instance) runs at these values (percent, or MiB/s for rates)."""
@@ -191,8 +193,8 @@ class GpmModel:
         address = _address(sample)
         if address not in self.allocated:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self._catch_up(key)
-        self.samples[address] = (key, self.clock(), dict(self.integrals[key]))
+        taken_at = self._catch_up(key)
+        self.samples[address] = (key, taken_at, dict(self.integrals[key]))
 
     def metrics(self, request: Any) -> Any:
         first, second = self.samples.get(_address(request.sample1)), self.samples.get(_address(request.sample2))
