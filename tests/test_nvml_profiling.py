@@ -186,3 +186,26 @@ def test_calls_per_cycle(nvml: NvmlBackend, fake: FakeNvml) -> None:
         "nvmlDeviceGetEncoderUtilization": 1,
         "nvmlDeviceGetDecoderUtilization": 1,
     }, "one sample and one metrics call per card per cycle, buffers reused"
+
+
+def test_card_level_gpm_refused_with_mig_on_is_asked_again_once_mig_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch, mig=True)
+    fake.gpm.advance(0.0)
+    fake.gpm.set(0, {SM_UTIL: 50.0}, gpu_instance=1)
+    nvml = NvmlBackend(monotonic=fake.gpm.clock)
+    nvml.open()
+    try:
+        fake.fail("nvmlGpmSampleGet", pynvml.NVML_ERROR_NOT_SUPPORTED)  # the card refuses card-level samples
+        instances = (_instance(1, "MIG-a"),)
+        nvml.profiling(0, instances)
+        fake.gpm.advance(5.0)
+        with_mig = nvml.profiling(0, instances)
+        assert with_mig.card is None and set(with_mig.mig) == {1}, "the instances are still measured"
+        del fake.errors["nvmlGpmSampleGet"]  # MIG off: the card answers again
+        assert nvml.profiling(0, ()).card is None, "a new interval: none spans the mode change"
+        assert len(fake.gpm.allocated) == 2, "the MIG-mode brackets are freed"
+        fake.gpm.advance(5.0)
+        card = nvml.profiling(0, ()).card
+        assert card is not None and card.interval_seconds == pytest.approx(5.0)
+    finally:
+        nvml.close()

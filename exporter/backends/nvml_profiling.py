@@ -118,9 +118,13 @@ class NvmlProfiling:
         card: ProfilingSample | None = None
         mig: dict[int, ProfilingSample] = {}
         if supported:
-            card = self._interval(index, handle, (index, -1, ""), _CARD_METRICS, engines=True)
-            live = set()
-            for inst in mig_instances:
+            instances = tuple(mig_instances)
+            # The card's own interval starts afresh when MIG instances come or go: a card that refused card-level
+            # samples with MIG on is asked again once MIG is off, and no interval spans a mode change.
+            card_key = (index, -1, "mig" if instances else "")
+            card = self._interval(index, handle, card_key, _CARD_METRICS, engines=True)
+            live = {card_key}
+            for inst in instances:
                 key = (index, inst.gpu_instance_id, inst.uuid)
                 live.add(key)
                 reading = self._interval(index, handle, key, _MIG_METRICS, engines=False)
@@ -241,9 +245,9 @@ class NvmlProfiling:
         return out
 
     def _drop_gone(self, index: int, live: set[tuple[int, int, str]]) -> None:
-        """Free the samples of GPU instances that no longer exist on this card."""
+        """Free the samples of GPU instances (and card modes) that no longer exist on this card."""
         with self._lock:
-            gone = [k for k in self._brackets if k[0] == index and k[1] >= 0 and k not in live]
+            gone = [k for k in self._brackets if k[0] == index and k not in live]
             dropped = [self._brackets.pop(k) for k in gone]
         for bracket in dropped:
             self._free(bracket)
