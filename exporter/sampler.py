@@ -51,6 +51,8 @@ class SamplerConfig:
             raise ValueError("interval_seconds must be > 0")
         if self.call_deadline_seconds <= 0:
             raise ValueError("call_deadline_seconds must be > 0")
+        if self.pcie_throughput_interval_seconds <= 0:
+            raise ValueError("pcie_throughput_interval_seconds must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,15 @@ class _Counters:
 class _GpuWorker:
     """Runs the calls of one card on its own thread."""
 
-    def __init__(self, index: int, backend: Backend, counters: _Counters, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        index: int,
+        backend: Backend,
+        counters: _Counters,
+        monotonic: Callable[[], float],
+        *,
+        pcie_every: float = 30.0,
+    ) -> None:
         self.index = index
         self.timer = _CallTimer()
         self._backend = backend
@@ -129,7 +139,7 @@ class _GpuWorker:
         self.info: DeviceInfo | None = None
         self.pcie: PcieThroughput | None = None  # last fallback reading, kept between its slow-cadence reads
         self.pcie_read_at: float | None = None
-        self.pcie_every = 30.0
+        self.pcie_every = pcie_every
 
     @property
     def busy(self) -> bool:
@@ -304,9 +314,10 @@ class Sampler:
         self.backend.open()
         self._system = self.backend.system_info()
         count = self.backend.device_count()
-        self._workers = [_GpuWorker(i, self.backend, self._counters, self._monotonic) for i in range(count)]
-        for worker in self._workers:
-            worker.pcie_every = self.config.pcie_throughput_interval_seconds
+        every = self.config.pcie_throughput_interval_seconds
+        self._workers = [
+            _GpuWorker(i, self.backend, self._counters, self._monotonic, pcie_every=every) for i in range(count)
+        ]
         self._backend_error = None
         log.info("backend open", backend=self.backend.name, gpus=count, driver=self._system.driver_version)
 
