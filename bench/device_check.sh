@@ -8,10 +8,12 @@
 #
 # Steps: the driver's device entries and nodes, and the packaged unit's DeviceAllow= list resolved against them
 # (packaging/deviceallow.py: would systemd let the daemon open every GPU node?); MPS control daemon start timing
-# (bench/mps_timing.py: private pipe directory, no card setting changed); the backend contract suite on real NVML
-# (pytest); then bench/device_check.py: the daemon on the real backend for a minute, NVML overhead, bf16 matmul
-# throughput with and without the daemon, and nvitop-exporter and nvidia-smi beside it. Results land in $OUT
-# (device_results.json, summary.txt, deviceallow.txt, mps_timing.json, logs); the summary prints last.
+# (bench/mps_timing.py: private pipe directory, no card setting changed); XID event registration
+# (bench/xid_registration.py); the backend contract suite on real NVML (pytest); the GPM check (bench/gpm_check.py:
+# profiling support and one sample per card, GPM call latency); then bench/device_check.py: the daemon on the real
+# backend for a minute, NVML overhead, bf16 matmul throughput with and without the daemon, and nvitop-exporter and
+# nvidia-smi beside it. Results land in $OUT (device_results.json, summary.txt, deviceallow.txt, mps_timing.json,
+# xid_registration.json, logs); the summary prints last.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 OUT=${OUT:-$PWD/.device/out}
@@ -65,11 +67,16 @@ XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/
   2>&1 | tee "$OUT/pytest.log" | tail -25
 contract_rc=${PIPESTATUS[0]}
 
+echo "== GPM: support, one interval per card and MIG instance, call latency (bench/gpm_check.py)"
+timeout 90 python3 bench/gpm_check.py --interval 1.0 --out "$OUT" 2>&1 | tee "$OUT/gpm.log" | tail -60
+gpm_rc=${PIPESTATUS[0]}
+
 echo "== device_check.py"
 timeout 480 python3 bench/device_check.py --out "$OUT" --contract-rc "$contract_rc" "$@"
 rc=$?
 [ "$contract_rc" -eq 0 ] || rc=1
 [ "$deviceallow_rc" -eq 0 ] || rc=1
 [ "$mps_rc" -eq 0 ] || rc=1
+[ "$gpm_rc" -eq 0 ] || rc=1
 echo "device_check: exit $rc (results in $OUT)"
 exit $rc

@@ -1,6 +1,7 @@
 """Sampler cost: CPU time per GPU per cycle, against the same backend calls made directly, as the node grows.
 
-``process_time`` counts every thread of this process, so the sampler's per-GPU worker threads are included. The
+``process_time`` counts every thread of this process, so the sampler's per-GPU worker threads are included (and the
+direct loop makes the same calls: sample, processes, mig_instances on MIG cards, profiling). The
 simulated backend costs microseconds per call; the difference between the two rows is the sampler's own cost
 (threads, deadlines, Snapshot building), which is what grows with the node. On real NVML add the driver's cost
 per card (see ``bench/nvml_overhead.py`` and shared/fixtures/h200).
@@ -26,8 +27,8 @@ def _direct_cpu_per_gpu(sim: SimulatedBackend, cycles: int) -> float:
         for i in range(gpus):
             sim.sample(i)
             sim.processes(i)
-            if mig[i]:
-                sim.mig_instances(i)
+            instances = sim.mig_instances(i) if mig[i] else ()
+            sim.profiling(i, instances)
     return (time.process_time() - start) / (cycles * gpus)
 
 

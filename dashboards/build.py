@@ -393,6 +393,8 @@ def fleet() -> dict[str, Any]:
             max=1,
             thresholds=SHARE,
         ),
+        row("Profiling (GPM)"),
+        *fleet_profiling_panels(),
         row("Health"),
         Panel(
             "timeseries",
@@ -434,6 +436,75 @@ def fleet() -> dict[str, Any]:
         panels,
         ("fleet",),
     )
+
+
+# (title, card series, MIG series, what it measures): the profiling row of the node and fleet dashboards
+PROFILING = (
+    (
+        "SM active",
+        "xpu_gpu_sm_active_ratio",
+        "xpu_mig_sm_active_ratio",
+        "Share of SM cycles with at least one warp resident, over all SMs (GPM; DCGM SM_ACTIVE). Low with high GPU "
+        "utilization: kernels too small to fill the card.",
+    ),
+    (
+        "Tensor active",
+        'xpu_gpu_tensor_active_ratio{pipe="any"}',
+        'xpu_mig_tensor_active_ratio{pipe="any"}',
+        "Share of cycles any tensor pipe was busy (GPM; DCGM PIPE_TENSOR_ACTIVE): how much of the time matrix math ran.",
+    ),
+    (
+        "DRAM active",
+        "xpu_gpu_dram_active_ratio",
+        "xpu_mig_dram_active_ratio",
+        "Share of cycles device memory was sending or receiving data (GPM; DCGM DRAM_ACTIVE). Near 1: memory bound.",
+    ),
+    (
+        "SM occupancy",
+        "xpu_gpu_sm_occupancy_ratio",
+        "xpu_mig_sm_occupancy_ratio",
+        "Resident warps over the SMs' maximum (GPM; DCGM SM_OCCUPANCY): how well kernels hide latency.",
+    ),
+)
+
+
+def _with(selector: str, series: str) -> str:
+    """``series`` (a name, maybe with a matcher) restricted by ``selector``."""
+    if series.endswith("}"):
+        return f"{series[:-1]}, {selector}}}"
+    return f"{series}{{{selector}}}"
+
+
+def profiling_panels(selector: str, legend: str, mig_legend: str) -> list[Panel]:
+    """Per card (and per MIG instance) profiling ratios over the last sampling interval."""
+    return [
+        Panel(
+            "timeseries",
+            title,
+            [t(_with(selector, card), legend), t(_with(selector, mig), mig_legend)],
+            unit="percentunit",
+            min=0,
+            max=1,
+            description=about + " Cards without GPM (before Hopper) have no series.",
+        )
+        for title, card, mig, about in PROFILING
+    ]
+
+
+def fleet_profiling_panels() -> list[Panel]:
+    """Per node: the mean over its cards (MIG cards count with their card-level value)."""
+    return [
+        Panel(
+            "timeseries",
+            f"{title} by node",
+            [t(f"avg by (instance) ({_with(N, card)})", "{{instance}}")],
+            unit="percentunit",
+            min=0,
+            max=1,
+            description=about,
+        )
+        for title, card, _mig, about in PROFILING
+    ]
 
 
 def node() -> dict[str, Any]:
@@ -487,6 +558,8 @@ def node() -> dict[str, Any]:
         ),
         Panel("timeseries", "Compute processes", [t(f"xpu_gpu_processes{{{NG}}}", lg)], min=0),
         Panel("timeseries", "SM clock", [t(f"xpu_gpu_sm_clock_hertz{{{NG}}}", lg)], unit="hertz"),
+        row("Profiling (GPM)"),
+        *profiling_panels(NG, lg, "GPU {{gpu}} MIG {{gpu_instance_id}}"),
         row("Thermals and power"),
         Panel(
             "timeseries",
@@ -536,16 +609,18 @@ def node() -> dict[str, Any]:
         Panel(
             "timeseries",
             "PCIe transmit",
-            [t(f"rate(xpu_gpu_pcie_transmit_bytes_total{{{NG}}}[{RI}])", lg)],
+            [t(f"xpu_gpu_pcie_transmit_bytes_per_second{{{NG}}}", lg)],
             unit="Bps",
             min=0,
+            description="GPM's average over the sampling interval; on cards without GPM the driver's 20 ms window.",
         ),
         Panel(
             "timeseries",
             "PCIe receive",
-            [t(f"rate(xpu_gpu_pcie_receive_bytes_total{{{NG}}}[{RI}])", lg)],
+            [t(f"xpu_gpu_pcie_receive_bytes_per_second{{{NG}}}", lg)],
             unit="Bps",
             min=0,
+            description="GPM's average over the sampling interval; on cards without GPM the driver's 20 ms window.",
         ),
         Panel(
             "timeseries",

@@ -33,7 +33,17 @@ from exporter.backends.guarded import (
     Pending,
 )
 from exporter.backends.protocol import Backend
-from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo, Unknown
+from exporter.backends.types import (
+    DeviceInfo,
+    DeviceProfiling,
+    DeviceSample,
+    GpuProcess,
+    MigInstance,
+    PcieThroughput,
+    ProfilingMetric,
+    SystemInfo,
+    Unknown,
+)
 from exporter.bus import LatestBus, SubscriberStats
 from exporter.snapshot import GpuSnapshot, Snapshot, StuckCall
 
@@ -45,12 +55,15 @@ class SamplerConfig:
     interval_seconds: float = 5.0
     call_deadline_seconds: float = 2.0  # used only when the sampler makes its own device-access layer
     open_deadline_seconds: float = 10.0
+    pcie_throughput_interval_seconds: float = 30.0  # the 2 x 20 ms fallback, for cards whose GPM lacks PCIe rates
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
             raise ValueError("interval_seconds must be > 0")
         if self.call_deadline_seconds <= 0:
             raise ValueError("call_deadline_seconds must be > 0")
+        if self.pcie_throughput_interval_seconds <= 0:
+            raise ValueError("pcie_throughput_interval_seconds must be > 0")
 
 
 @dataclass(slots=True)
@@ -63,9 +76,12 @@ class _CardCycle:
     sample_call: Pending[Any] | None = None
     processes_call: Pending[Any] | None = None
     mig_call: Pending[Any] | None = None
+    profiling_call: Pending[Any] | None = None
+    pcie_call: Pending[Any] | None = None
     sample: DeviceSample | None = None
     processes: tuple[GpuProcess, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
+    profiling: DeviceProfiling | None = None
     error: BackendError | None = None  # the card failed this cycle (no sample)
     partial: dict[str, str] = field(default_factory=dict)  # part -> why it is unknown (the card is still fresh)
 
@@ -94,6 +110,7 @@ class Sampler:
         self._monotonic = monotonic
         self._count: int | None = None  # cards, once the backend is open
         self._infos: dict[int, DeviceInfo] = {}
+        self._pcie: dict[int, tuple[float, PcieThroughput | None]] = {}  # fallback reading: (monotonic read time, it)
         self._gpus: dict[int, GpuSnapshot] = {}
         self._system: SystemInfo | None = None
         self._backend_error: str | None = None
@@ -151,6 +168,7 @@ class Sampler:
             cycles = [_CardCycle(i, self._infos.get(i)) for i in range(self._count)]
             self._round_one(cycles)
             self._round_two(cycles)
+            self._round_three(cycles)
             for cycle in cycles:
                 self._absorb(cycle)
         return self._publish(started)
@@ -237,6 +255,28 @@ class Sampler:
             if c.mig_call is not None:
                 c.mig_instances = self._part(c, "mig_instances", c.mig_call, ())
 
+    def _round_three(self, cycles: list[_CardCycle]) -> None:
+        """Profiling (GPM) over the interval since the last cycle, with this cycle's MIG instances; then, only where
+        GPM gives no PCIe rates and at most every ``pcie_throughput_interval_seconds``, the slow PCIe fallback.
+        Either failing leaves only its own series out."""
+        live = [c for c in cycles if c.error is None and c.sample is not None]
+        for c in live:
+            c.profiling_call = self.device.submit(c.index, "profiling", c.mig_instances)
+        now = self._monotonic()
+        for c in live:
+            assert c.profiling_call is not None
+            c.profiling = self._part(c, "profiling", c.profiling_call, None)
+            card = c.profiling.card if c.profiling is not None else None
+            if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
+                self._pcie.pop(c.index, None)
+                continue
+            read_at, _ = self._pcie.get(c.index, (None, None))
+            if c.error is None and (read_at is None or now - read_at >= self.config.pcie_throughput_interval_seconds):
+                c.pcie_call = self.device.submit(c.index, "pcie_throughput")
+        for c in live:
+            if c.pcie_call is not None:
+                self._pcie[c.index] = (now, self._part(c, "pcie_throughput", c.pcie_call, None))
+
     def _part(self, c: _CardCycle, name: str, call: Pending[Any], unknown: Any) -> Any:
         """A listing that fails leaves that part unknown; one that hangs means the card hangs."""
         try:
@@ -270,6 +310,8 @@ class Sampler:
                 sampled_at=self._clock(),
                 fresh=True,
                 partial_errors=MappingProxyType(c.partial),
+                profiling=c.profiling,
+                pcie_throughput=self._pcie.get(c.index, (None, None))[1],
             )
             if prev is not None and not prev.fresh:
                 log.info("gpu answering again", gpu=c.index)

@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.backends.types import DeviceInfo, DeviceSample, GpuProcess, MigInstance, SystemInfo
+from exporter.backends.types import (
+    DeviceInfo,
+    DeviceProfiling,
+    DeviceSample,
+    GpuProcess,
+    MigInstance,
+    PcieThroughput,
+    SystemInfo,
+)
 from exporter.bus import SubscriberStats
 
 
@@ -31,6 +39,8 @@ class GpuSnapshot:
     fresh: bool  # the last cycle completed without error or timeout
     error: str | None = None  # why it is not fresh, one line
     error_code: str | None = None  # timeout, gpu_lost, reset_required, error, ...
+    profiling: DeviceProfiling | None = None  # GPM over the last interval; None when the call failed
+    pcie_throughput: PcieThroughput | None = None  # the slow-cadence fallback, only where GPM has no PCIe rates
     # parts of a fresh sample that could not be read (e.g. "processes" -> "no_permission: ..."); they are unknown,
     # not empty: collectors leave them out instead of reporting zero
     partial_errors: Mapping[str, str] = field(default_factory=_empty_text)

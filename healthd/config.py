@@ -96,6 +96,7 @@ class HookSettings:
 @dataclass(frozen=True, slots=True)
 class ExporterSettings:
     dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
+    dcgm_hostname_label: str = "hostname"  # "Hostname" for dcgm-exporter releases before 4.6.0-4.8.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,10 +229,15 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
             raise ConfigError(f"{name}: expected a table ([{name}])")
     _check_keys(daemon, {"metrics_listen", "grpc_listen", "state_dir", "simulate", "log_level"}, "daemon")
     _check_keys(sampler, {"interval_seconds", "call_deadline_seconds", "change_deadline_seconds"}, "sampler")
-    _check_keys(exporter, {"dcgm_compat"}, "exporter")
+    _check_keys(exporter, {"dcgm_compat", "dcgm_hostname_label"}, "exporter")
     dcgm_compat = exporter.get("dcgm_compat", False)
     if not isinstance(dcgm_compat, bool):
         raise ConfigError(f"exporter.dcgm_compat: expected true or false, got {type(dcgm_compat).__name__}")
+    dcgm_hostname_label = exporter.get("dcgm_hostname_label", "hostname")
+    if dcgm_hostname_label not in ("hostname", "Hostname"):
+        raise ConfigError(
+            f'exporter.dcgm_hostname_label: expected "hostname" or "Hostname", got {dcgm_hostname_label!r}'
+        )
 
     metrics_listen = _string(daemon, "metrics_listen", "daemon.", DEFAULT_METRICS_LISTEN)
     try:
@@ -274,7 +280,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
         faults=parse_faults(data.get("faults", {})),
         hook=parse_hook(data.get("hook", {})),
         health=parse_probe_settings(data.get("health", {}), "health"),
-        exporter=ExporterSettings(dcgm_compat=dcgm_compat),
+        exporter=ExporterSettings(dcgm_compat=dcgm_compat, dcgm_hostname_label=dcgm_hostname_label),
         partitions=parse_partitions(data.get("partitions", {})),
         transport=parse_transport(data.get("transport", {})),
         source=source,

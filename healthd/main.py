@@ -14,6 +14,7 @@ from pathlib import Path
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
+from exporter.attribution.attributor import Attribution
 from exporter.backends.errors import BackendError
 from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
 from exporter.backends.select import choose_backend
@@ -82,10 +83,16 @@ def resolve_config(args: argparse.Namespace) -> Config:
     )
 
 
-def build_collectors(config: Config, last_xid: Callable[[], Mapping[int, int]] | None = None) -> list[Collector]:
+def build_collectors(
+    config: Config,
+    last_xid: Callable[[], Mapping[int, int]] | None = None,
+    attribution: Callable[[], Attribution | None] | None = None,
+) -> list[Collector]:
     collectors = default_collectors()
-    if config.exporter.dcgm_compat:  # dcgm-exporter names; Hostname as dcgm-exporter sets it in Kubernetes
-        collectors.append(DcgmCompatCollector(os.environ.get("NODE_NAME") or socket.gethostname(), last_xid))
+    if config.exporter.dcgm_compat:  # dcgm-exporter names; the host name as dcgm-exporter sets it in Kubernetes
+        hostname = os.environ.get("NODE_NAME") or socket.gethostname()
+        label = config.exporter.dcgm_hostname_label
+        collectors.append(DcgmCompatCollector(hostname, last_xid, hostname_label=label, attribution=attribution))
     return collectors
 
 
@@ -149,7 +156,7 @@ class Daemon:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
-            *build_collectors(config, last_xid_per_gpu(self.faults)),
+            *build_collectors(config, last_xid_per_gpu(self.faults), self.attribution.attributor.latest),
             *self.attribution.collectors(),
             *self.topology.collectors,
             self.fault_runtime.collector,

@@ -59,6 +59,15 @@ install -D -m 0644 "$ROOT/packaging/deb/sysusers.conf" "$STAGE/usr/lib/sysusers.
 install -D -m 0644 "$ROOT/packaging/healthd.toml" "$STAGE/etc/xpu-runtime-kit/healthd.toml"
 install -D -m 0644 "$ROOT/docs/operations.md" "$STAGE$PREFIX/share/doc/operations.md"
 install -D -m 0644 "$ROOT/packaging/deb/copyright" "$STAGE/usr/share/doc/$PKG/copyright"
+# Grafana dashboards (and their provisioning file), Prometheus alert rules and the Alertmanager example, for the
+# monitoring side to pick up (README "Dashboards and alerts")
+SHARE=$STAGE/usr/share/$PKG
+for dashboard in "$ROOT"/dashboards/*.json; do
+  install -D -m 0644 "$dashboard" "$SHARE/dashboards/$(basename "$dashboard")"
+done
+install -D -m 0644 "$ROOT/dashboards/provisioning/xpu-runtime-kit.yml" "$SHARE/dashboards/provisioning/xpu-runtime-kit.yml"
+install -D -m 0644 "$ROOT/alerts/xpu-healthd.rules.yml" "$SHARE/alerts/xpu-healthd.rules.yml"
+install -D -m 0644 "$ROOT/alerts/alertmanager.example.yml" "$SHARE/alerts/alertmanager.example.yml"
 mkdir -p "$STAGE/usr/bin"
 ln -s "$PREFIX/bin/xpu-healthd" "$STAGE/usr/bin/xpu-healthd"
 ln -s "$PREFIX/bin/xpuctl" "$STAGE/usr/bin/xpuctl"

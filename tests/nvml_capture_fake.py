@@ -4,7 +4,7 @@ The answers come from ``tests/fixtures/h200`` (``nvml-inventory.json`` and ``mig
 NVIDIA H200 SXM in a VM: no NVLink, MIG off, ECC on. :func:`install` monkeypatches every ``pynvml`` function the
 backend calls; NVML errors are raised as ``pynvml.NVMLError(code)``, as the real wrappers do, and wherever the
 capture says "Not Supported" the fake raises NotSupported (fan, NUMA node, retired pages, NVLink when
-``nvlinks=0``). Readings the capture lacks are modelled and marked as such below.
+``nvlinks=0``). Readings the capture lacks are modelled and marked as such below (GPM: :class:`GpmModel`).
 
 Knobs on the returned :class:`FakeNvml`: ``fail(call, code)`` makes one NVML function fail, ``lose_gpu()`` makes
 every device call answer GPU_IS_LOST (one card's, or all), ``recover_gpu()`` brings a lost card back as a reset
@@ -26,6 +26,7 @@ import ctypes
 import functools
 import json
 import re
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,109 @@ def _out(ref: Any) -> Any:
     return getattr(ref, "_obj", ref)
 
 
+# --- GPM and throughput: modelled ------------------------------------------------------------------------------
+# The capture did not query GPM, the decoder or RX throughput. What follows models an H200 (Hopper: GPM supported)
+# from what the capture and nvidia-smi -q of the same card did say: the card was idle (utilization 0 %, encoder,
+# decoder, JPEG and OFA 0 %), PCIe TX 1547 KB/s (nvmlDeviceGetPcieThroughput), RX 592 KB/s (nvidia-smi -q).
+GPM_PCIE_TX_KBS = 1547  # nvml-inventory.json pcie_tx_kbs
+GPM_PCIE_RX_KBS = 592  # nvidia-smi-q.txt "Rx Throughput"
+H200_MEDIA_ENGINES = {30: 7, 40: 7, 50: 1}  # first GPM metric id -> engines: 7 NVDEC, 7 NVJPG, 1 NVOFA (no NVENC)
+_GPM_ACTIVITY_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)  # ratios in percent, all 0 on the idle card
+_GPM_PCIE_TX, _GPM_PCIE_RX, _GPM_NVLINK_RX, _GPM_NVLINK_TX = 20, 21, 60, 61  # MiB/s
+
+
+def _address(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+@dataclass
+class GpmModel:
+    """Hardware counters that integrate each metric over time: a GPM sample records the integrals, and
+    nvmlGpmMetricsGet divides their difference by the time between two samples, as the card's counters do.
+
+    Time is the monotonic clock until a test calls :meth:`advance`, which freezes it and moves it by hand (pass
+    ``monotonic=fake.gpm.clock`` to NvmlBackend so both agree).
+    """
+
+    supported: bool = True
+    nvlinks: int = 0
+    manual: float | None = None  # set by advance(): the clock no longer follows time.monotonic
+    activity: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)  # (gpu, gi or -1) -> id -> value
+    integrals: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
+    updated_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    samples: dict[int, tuple[tuple[int, int], float, dict[int, float]]] = field(default_factory=dict)
+    allocated: set[int] = field(default_factory=set)
+    next_sample: int = 0x9000
+
+    def clock(self) -> float:
+        return time.monotonic() if self.manual is None else self.manual
+
+    def advance(self, seconds: float) -> None:
+        self.manual = self.clock() + seconds
+
+    def card_metrics(self) -> dict[int, float]:
+        values = dict.fromkeys(_GPM_ACTIVITY_IDS, 0.0)
+        values[_GPM_PCIE_TX] = GPM_PCIE_TX_KBS / 1024
+        values[_GPM_PCIE_RX] = GPM_PCIE_RX_KBS / 1024
+        if self.nvlinks:
+            values[_GPM_NVLINK_RX] = values[_GPM_NVLINK_TX] = 0.0
+        for first, count in H200_MEDIA_ENGINES.items():
+            values.update(dict.fromkeys(range(first, first + count), 0.0))
+        return values
+
+    def _catch_up(self, key: tuple[int, int]) -> float:
+        """Integrate the entity's values up to now; returns the time it integrated to."""
+        now = self.clock()
+        if key not in self.activity:
+            self.activity[key] = self.card_metrics() if key[1] < 0 else dict.fromkeys(_GPM_ACTIVITY_IDS, 0.0)
+            self.integrals[key] = dict.fromkeys(self.activity[key], 0.0)
+            self.updated_at[key] = now
+        span = now - self.updated_at[key]
+        area = self.integrals[key]
+        for mid, value in self.activity[key].items():
+            area[mid] = area.get(mid, 0.0) + value * span
+        self.updated_at[key] = now
+        return now
+
+    def set(self, gpu: int, values: dict[int, float], gpu_instance: int = -1) -> None:
+        """From now on the card (or GPU instance) runs at these values (percent, or MiB/s for rates)."""
+        self._catch_up((gpu, gpu_instance))
+        self.activity[(gpu, gpu_instance)].update(values)
+
+    def alloc(self) -> Any:
+        self.next_sample += 0x10
+        self.allocated.add(self.next_sample)
+        return ctypes.cast(ctypes.c_void_p(self.next_sample), pynvml.c_nvmlGpmSample_t)
+
+    def free(self, sample: Any) -> None:
+        address = _address(sample)
+        if address not in self.allocated:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.allocated.discard(address)
+        self.samples.pop(address, None)
+
+    def take(self, key: tuple[int, int], sample: Any) -> None:
+        address = _address(sample)
+        if address not in self.allocated:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        taken_at = self._catch_up(key)
+        self.samples[address] = (key, taken_at, dict(self.integrals[key]))
+
+    def metrics(self, request: Any) -> Any:
+        first, second = self.samples.get(_address(request.sample1)), self.samples.get(_address(request.sample2))
+        if first is None or second is None or first[0] != second[0] or int(request.version) != 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        span = second[1] - first[1]
+        for slot in range(int(request.numMetrics)):
+            metric = request.metrics[slot]
+            mid = int(metric.metricId)
+            if mid not in first[2] or span <= 0:
+                metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+                continue
+            metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, (second[2][mid] - first[2][mid]) / span
+        return request
+
+
 @dataclass
 class FakeNvml:
     """The state behind the patched pynvml functions; method names are the NVML calls they stand in for."""
@@ -138,6 +242,8 @@ class FakeNvml:
     minor_shift: int = 0  # added to the minor numbers after a MIG mode change
     energy_base: dict[int, int] = field(default_factory=dict)  # gpu -> energy counter value at its last reset
     undelivered: int = 0  # events no live registration was there to take
+    gpm: GpmModel = field(default_factory=GpmModel)  # modelled: see GpmModel
+    field_overrides: dict[int, tuple[int, int | float]] = field(default_factory=dict)  # field id -> (type, value)
 
     def __post_init__(self) -> None:
         fields = self.capture.fields
@@ -148,6 +254,7 @@ class FakeNvml:
         self.handles = self._new_handles()
         self._sets: dict[int, _EventSet] = {}  # live event sets by address
         self._next_set = 0x7700
+        self.gpm.nvlinks = self.nvlinks
 
     # --- knobs for tests -------------------------------------------------------------------------------------
 
@@ -448,6 +555,8 @@ class FakeNvml:
         return None
 
     def _field(self, fid: int, scope: int, gpu: int = 0) -> tuple[int, int | float] | None:
+        if fid in self.field_overrides:
+            return self.field_overrides[fid]
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, self.pcie_tx_bytes % U32_SPAN
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
@@ -616,6 +725,56 @@ class FakeNvml:
         event.device, event.eventType, event.eventData = self.handles[gpu], event_type, data
         event.gpuInstanceId, event.computeInstanceId = gi, ci
         return event
+
+    # --- GPM, codec utilization, PCIe throughput (modelled: see GpmModel) --------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        self._index(handle)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version, support.isSupportedDevice = pynvml.NVML_GPM_SUPPORT_VERSION, int(self.gpm.supported)
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return self.gpm.alloc()
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.gpm.free(sample)
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        if self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if not self.gpm.supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.gpm.take((self._index(handle), -1), sample)
+        return sample
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: int, sample: Any) -> Any:
+        if self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        key = (self._index(handle), gpu_instance_id)
+        if not self.mig:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_STATE)
+        if key not in self.gpm.activity:  # a GPU instance exists in the model once a test sets its activity
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        self.gpm.take(key, sample)
+        return sample
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
+        return self.gpm.metrics(metrics_get)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        return [int(v) for v in self._dev("enc_util")]  # captured: [0 %, 100000 us sampling period]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        return [int(v) for v in self._dev("enc_util")]  # modelled: nvidia-smi -q says Decoder 0 %, as the encoder
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        self._index(handle)
+        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            return int(self._dev("pcie_tx_kbs"))
+        if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            return GPM_PCIE_RX_KBS
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
 @dataclass

@@ -83,6 +83,42 @@ def test_every_rule_fires_in_a_unit_test() -> None:
     assert not missing, f"rules without a firing unit test: {missing}"
 
 
+# Rules about the node as a whole; every other rule is about one card and must say which.
+NODE_LEVEL = {
+    "XpuGpuMissing",
+    "XpuDriverDown",
+    "XpuGpuComputeModeMixed",
+    "XpuExporterDown",
+    "XpuExporterDataStale",
+    "XpuExporterCollectorFailing",
+    "XpuHookDeliveryFailing",
+}
+
+
+def test_per_card_alerts_fire_with_gpu_and_uuid_in_the_unit_tests() -> None:
+    """The promtool unit tests expect gpu and uuid on every firing per-card alert (so the rule keeps them)."""
+    names = {str(r["alert"]) for r in _rules()}
+    assert names >= NODE_LEVEL
+    checked: set[str] = set()
+    for path in TEST_FILES:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for check in test.get("alert_rule_test", []):
+                if check["alertname"] in NODE_LEVEL:
+                    continue
+                for alert in check["exp_alerts"]:
+                    labels = alert["exp_labels"]
+                    assert labels.get("gpu") and labels.get("uuid"), f"{check['alertname']} fires without a card"
+                    checked.add(check["alertname"])
+    assert checked == names - NODE_LEVEL
+
+
+@pytest.mark.parametrize("rule", [r for r in _rules() if r["alert"] not in NODE_LEVEL], ids=lambda r: str(r["alert"]))
+def test_per_card_rules_keep_gpu_and_uuid(rule: dict[str, object]) -> None:
+    for grouping in re.findall(r"\bby \(([^)]*)\)", str(rule["expr"])):
+        kept = {label.strip() for label in grouping.split(",")}
+        assert {"gpu", "uuid"} <= kept, f"{rule['alert']} aggregates away the card: by ({grouping})"
+
+
 def test_generated_unit_tests_are_up_to_date() -> None:
     sys.path.insert(0, str(ALERTS / "tests"))
     try:
@@ -113,7 +149,7 @@ def test_alertmanager_example_is_valid() -> None:
         (["action=replace_node", "severity=fatal", "alertname=XpuGpuFallenOffBus"], "standby-replacement,ops"),
         (["action=replace_node", "severity=fatal", "alertname=XpuFatalXid", "code=xid_79"], "standby-replacement,ops"),
         (["action=restart_app", "severity=warning", "alertname=XpuApplicationXid", "code=xid_13"], "ops"),
-        (["action=reset_gpu", "severity=critical", "alertname=XpuGpuNvlinkDown"], "ops"),
+        (["action=reboot_node", "severity=critical", "alertname=XpuGpuNvlinkDown"], "ops"),
         (["action=reboot_node", "severity=fatal", "alertname=XpuDriverDown"], "ops"),
     ],
 )

@@ -25,13 +25,18 @@ from exporter.backends.types import (
     ComputeMode,
     DeviceEvent,
     DeviceInfo,
+    DeviceProfiling,
     DeviceSample,
     EccCounts,
     EventKind,
     GpuProcess,
     LinkState,
+    MediaEngine,
     MigInstance,
     NvLinkSample,
+    PcieThroughput,
+    ProfilingMetric,
+    ProfilingSample,
     RemappedRows,
     Unsupported,
 )
@@ -119,8 +124,6 @@ SAMPLE_TYPES: dict[str, tuple[type, ...]] = {
     "performance_state": INT,
     "pcie_generation": INT,
     "pcie_width": INT,
-    "pcie_tx_bytes": INT,
-    "pcie_rx_bytes": INT,
     "pcie_replay_count": INT,
     "ecc": (EccCounts,),
     "remapped_rows": (RemappedRows,),
@@ -227,8 +230,10 @@ def test_device_info_is_stable(backend: Backend) -> None:
         lambda b, i: b.processes(i),
         lambda b, i: b.mig_profiles(i),
         lambda b, i: b.mig_instances(i),
+        lambda b, i: b.profiling(i),
+        lambda b, i: b.pcie_throughput(i),
     ],
-    ids=["device_info", "sample", "processes", "mig_profiles", "mig_instances"],
+    ids=["device_info", "sample", "processes", "mig_profiles", "mig_instances", "profiling", "pcie_throughput"],
 )
 def test_unknown_device_index_is_a_backend_error(backend: Backend, call: Any) -> None:
     for index in (backend.device_count(), backend.device_count() + 7, -1):
@@ -340,13 +345,11 @@ def test_sample_error_counters_are_not_negative(backend: Backend) -> None:
         if not isinstance(s.remapped_rows, Unsupported):
             assert s.remapped_rows.correctable >= 0
             assert s.remapped_rows.uncorrectable >= 0
-        for name in ("pcie_tx_bytes", "pcie_rx_bytes", "pcie_replay_count"):
-            value = getattr(s, name)
-            if not isinstance(value, Unsupported):
-                assert value >= 0, name
+        if not isinstance(s.pcie_replay_count, Unsupported):
+            assert s.pcie_replay_count >= 0
 
 
-COUNTERS = ("energy_joules", "pcie_tx_bytes", "pcie_rx_bytes", "pcie_replay_count")
+COUNTERS = ("energy_joules", "pcie_replay_count")
 
 
 def test_counters_are_monotonic(backend: Backend) -> None:
@@ -395,6 +398,77 @@ def test_nvlinks(backend: Backend) -> None:
                 _check_type("NvLinkSample", name, value, INT)
                 if not isinstance(value, Unsupported):
                     assert value >= 0, name
+
+
+# --- profiling (GPM) and PCIe throughput ------------------------------------------------------------------------
+
+GPM_MIN_INTERVAL_S = 0.15  # NVML wants >= 100 ms between the two samples of an interval
+
+
+def _check_profiling_sample(where: str, reading: ProfilingSample, *, card: bool) -> None:
+    assert isinstance(reading, ProfilingSample), where
+    assert reading.interval_seconds >= 0.1, f"{where}: interval {reading.interval_seconds}"
+    for metric, value in reading.metrics.items():
+        assert isinstance(metric, ProfilingMetric), where
+        assert isinstance(value, float), f"{where} {metric}={value!r}"
+        if metric.is_rate:
+            assert card, f"{where}: {metric} is a card metric, not a GPU instance's"
+            assert value >= 0.0, f"{where} {metric}={value}"
+        else:
+            assert 0.0 <= value <= 1.0, f"{where} {metric}={value}"
+    for (engine, n), busy in reading.engines.items():
+        assert isinstance(engine, MediaEngine), where
+        assert isinstance(n, int) and n >= 0, where
+        assert 0.0 <= busy <= 1.0, f"{where} {engine}{n}={busy}"
+    if not card:
+        assert not reading.engines, f"{where}: engines are reported per card"
+
+
+def test_profiling_brackets_an_interval(backend: Backend) -> None:
+    """The first call only opens the interval; the next one, at least 100 ms later, reports it."""
+    instances = {index: backend.mig_instances(index) for index in _indexes(backend)}
+    first = {index: backend.profiling(index, instances[index]) for index in _indexes(backend)}
+    time.sleep(GPM_MIN_INTERVAL_S)
+    for index in _indexes(backend):
+        opened, closed = first[index], backend.profiling(index, instances[index])
+        for reading in (opened, closed):
+            assert isinstance(reading, DeviceProfiling)
+            assert isinstance(reading.gpm_supported, bool)
+            for name in ("encoder_utilization_ratio", "decoder_utilization_ratio"):
+                value = getattr(reading, name)
+                _check_type("DeviceProfiling", name, value, NUMBER)
+                if not isinstance(value, Unsupported):
+                    assert 0.0 <= value <= 1.0, f"GPU {index} {name}={value}"
+        assert opened.card is None and not opened.mig, f"GPU {index}: the first call has no interval yet"
+        assert closed.gpm_supported == opened.gpm_supported
+        if not closed.gpm_supported:
+            assert closed.card is None and not closed.mig, f"GPU {index}: readings without GPM"
+            continue
+        if closed.card is not None:
+            _check_profiling_sample(f"GPU {index}", closed.card, card=True)
+        known = {m.gpu_instance_id for m in instances[index]}
+        assert set(closed.mig) <= known, f"GPU {index}: readings for instances not asked for"
+        for gi, reading in closed.mig.items():
+            _check_profiling_sample(f"GPU {index} instance {gi}", reading, card=False)
+
+
+def test_profiling_sooner_than_the_floor_reports_nothing_new(backend: Backend) -> None:
+    backend.profiling(0)
+    time.sleep(GPM_MIN_INTERVAL_S)
+    backend.profiling(0)
+    assert backend.profiling(0).card is None, "a second sample within 100 ms must not close an interval"
+
+
+def test_pcie_throughput(backend: Backend) -> None:
+    for index in _indexes(backend):
+        reading = backend.pcie_throughput(index)
+        assert isinstance(reading, PcieThroughput)
+        for name in ("tx_bytes_per_second", "rx_bytes_per_second"):
+            value = getattr(reading, name)
+            _check_type("PcieThroughput", name, value, NUMBER)
+            if not isinstance(value, Unsupported):
+                assert value >= 0.0, f"GPU {index} {name}={value}"
+        assert abs(reading.measured_at - time.time()) < 60
 
 
 # --- processes -------------------------------------------------------------------------------------------------

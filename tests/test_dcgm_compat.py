@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from exporter.attribution.attributor import Allocation, Attribution
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
@@ -26,9 +28,19 @@ DEFAULTS_PROVIDED = {
     "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
     "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
 }  # fmt: skip
-LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
+# all but DCGM_FI_DEV_VGPU_LICENSE_STATUS (vGPU only: absent on bare metal) and DCGM_FI_DEV_XID_ERRORS (the daemon's)
+PROFILING = (
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+)  # fmt: skip
+LINKS = ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES",
+         "DCGM_FI_PROF_NVLINK_RX_BYTES")  # fmt: skip
+LABELS = {"gpu", "UUID", "device", "modelName", "hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
 
 
 @pytest.fixture
@@ -47,7 +59,9 @@ def render(snapshot: Snapshot, collectors: list[object]) -> str:
     return generate_latest(registry).decode()
 
 
+@functools.lru_cache(maxsize=8)
 def series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Parsed once per exposition: the tests look up many series in the same text."""
     return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
 
 
@@ -68,7 +82,8 @@ def test_default_names_and_labels(snapshot: Snapshot) -> None:
     assert names >= DEFAULTS_PROVIDED
     for _, labels, _ in dcgm_series(text):
         assert set(labels) >= LABELS
-        assert labels["Hostname"] == "node-a" and labels["device"].startswith("nvidia")
+        assert labels["hostname"] == "node-a" and labels["device"].startswith("nvidia")
+        assert "Hostname" not in labels
         assert labels["DCGM_FI_DRIVER_VERSION"] == "580.159.04" and labels["modelName"] == "NVIDIA H200"
 
 
@@ -93,7 +108,7 @@ def test_counters_keep_dcgm_names_without_total(snapshot: Snapshot) -> None:
 def test_mig_devices_get_instance_labels(snapshot: Snapshot) -> None:
     text = render(snapshot, [DcgmCompatCollector("node-a")])
     mig = [(n, ls) for n, ls, _ in series(text) if "GPU_I_ID" in ls]
-    assert {n for n, _ in mig} == {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+    assert {n for n, _ in mig} == {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", *PROFILING}
     assert {ls["GPU_I_PROFILE"] for _, ls in mig} == {"3g.71gb", "2g.35gb"}
     # utilization is not defined per card while MIG is on: omitted, as dcgm-exporter does
     assert not [ls for n, ls, _ in series(text) if n == "DCGM_FI_DEV_GPU_UTIL" and ls["gpu"] in ("6", "7")]
@@ -129,6 +144,11 @@ def test_exposition_passes_promtool_parsing(snapshot: Snapshot) -> None:
 
 def test_config_option(tmp_path: Path) -> None:
     assert parse_config({}).exporter.dcgm_compat is False
+    assert parse_config({}).exporter.dcgm_hostname_label == "hostname"
+    old = parse_config({"exporter": {"dcgm_compat": True, "dcgm_hostname_label": "Hostname"}})
+    assert old.exporter.dcgm_hostname_label == "Hostname"
+    with pytest.raises(ConfigError, match=r"^exporter\.dcgm_hostname_label: expected"):
+        parse_config({"exporter": {"dcgm_hostname_label": "host"}})
     on = parse_config({"exporter": {"dcgm_compat": True}})
     assert any(c.name == "dcgm_compat" for c in build_collectors(on))
     assert not any(c.name == "dcgm_compat" for c in build_collectors(parse_config({})))
@@ -158,3 +178,90 @@ def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
 
         seen = wait_for(last_xid, timeout=20)
         assert seen["0"] == 0, "a card without XIDs reports 0, as dcgm-exporter does"
+
+
+# --- profiling, codecs, NVLink, pods, host-name label -------------------------------------------------------------
+
+
+def test_profiling_fields_for_every_card_and_mig_instance(snapshot: Snapshot) -> None:
+    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    for gpu in snapshot.gpus:
+        g = str(gpu.index)
+        assert one(text, "DCGM_FI_PROF_SM_ACTIVE", g) == one(text, "xpu_gpu_sm_active_ratio", g)
+        assert one(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", g) == one(
+            text, "xpu_gpu_tensor_active_ratio", g, pipe="any"
+        )
+        assert one(text, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", g) == one(text, "xpu_gpu_pipe_active_ratio", g, pipe="fp16")
+        for name in (*PROFILING, *LINKS):
+            one(text, name, g)  # exactly one series per card
+        assert one(text, "DCGM_FI_PROF_PCIE_RX_BYTES", g) == one(text, "xpu_gpu_pcie_receive_bytes_per_second", g)
+        for m in gpu.mig_instances:
+            gi = str(m.gpu_instance_id)
+            for name in PROFILING:
+                one(text, name, g, GPU_I_ID=gi, GPU_I_PROFILE=m.profile_name)
+            assert one(text, "DCGM_FI_PROF_DRAM_ACTIVE", g, GPU_I_ID=gi) == one(
+                text, "xpu_mig_dram_active_ratio", g, gpu_instance_id=gi
+            )
+
+
+def test_codec_utilization_and_nvlink_total(snapshot: Snapshot) -> None:
+    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    assert one(text, "DCGM_FI_DEV_ENC_UTIL", "0") == one(text, "xpu_gpu_encoder_utilization_ratio", "0") * 100
+    assert one(text, "DCGM_FI_DEV_DEC_UTIL", "0") == one(text, "xpu_gpu_decoder_utilization_ratio", "0") * 100
+    tx = one(text, "xpu_gpu_nvlink_transmit_bytes_per_second", "1")
+    rx = one(text, "xpu_gpu_nvlink_receive_bytes_per_second", "1")
+    assert tx > 0
+    assert one(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "1") == pytest.approx((tx + rx) / 1e6)
+    assert "DCGM_FI_DEV_VGPU_LICENSE_STATUS" not in text, "vGPU licensing does not exist on bare metal"
+
+
+def test_profiling_absent_before_the_first_interval(sim: SimulatedBackend, clock: FakeClock) -> None:
+    s = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    first = s.run_once()
+    s.stop()
+    names = {n for n, _, _ in series(render(first, [DcgmCompatCollector("node-a")]))}
+    assert not names & {*PROFILING, "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+    assert "DCGM_FI_DEV_SM_CLOCK" in names
+
+
+def test_hostname_label_for_older_dcgm_exporter_releases(snapshot: Snapshot) -> None:
+    text = render(snapshot, [DcgmCompatCollector("node-a", hostname_label="Hostname")])
+    for _, labels, _ in dcgm_series(text):
+        assert labels["Hostname"] == "node-a" and "hostname" not in labels
+    with pytest.raises(ValueError, match="hostname_label"):
+        DcgmCompatCollector("node-a", hostname_label="HOSTNAME")
+
+
+def _allocation(pod: str, container: str, gpu: int, uuid: str, gi: str = "", replica: str = "") -> Allocation:
+    resource = "nvidia.com/mig-3g.71gb" if gi else "nvidia.com/gpu"
+    return Allocation("ml", pod, container, resource, uuid + replica, gpu, uuid, gi)
+
+
+def test_pod_labels_one_series_per_pod_on_a_shared_card(snapshot: Snapshot) -> None:
+    uuid4, uuid7 = snapshot.gpus[4].uuid, snapshot.gpus[7].uuid
+    gi = str(snapshot.gpus[7].mig_instances[0].gpu_instance_id)
+    allocations = (
+        _allocation("infer-a", "server", 4, uuid4, replica="::1"),
+        _allocation("infer-b", "server", 4, uuid4, replica="::2"),
+        _allocation("infer-b", "server", 4, uuid4, replica="::3"),  # two replicas, one container: one series
+        _allocation("train-0", "trainer", 0, snapshot.gpus[0].uuid),
+        _allocation("mig-job", "worker", 7, uuid7, gi=gi),
+    )
+    attribution = Attribution(seq=snapshot.seq, processes=(), allocations=allocations, kubelet=None,
+                              unmatched_device_ids=0)  # fmt: skip
+    text = render(snapshot, [DcgmCompatCollector("node-a", attribution=lambda: attribution)])
+    used = [(ls, v) for n, ls, v in series(text) if n == "DCGM_FI_DEV_FB_USED" and ls["gpu"] == "4"]
+    assert sorted(ls["pod"] for ls, _ in used) == ["infer-a", "infer-b"], "one series per pod sharing the card"
+    assert len({v for _, v in used}) == 1, "each pod's series carries the card's value"
+    assert all(ls["namespace"] == "ml" and ls["container"] == "server" for ls, _ in used)
+    assert one(text, "DCGM_FI_DEV_SM_CLOCK", "0", pod="train-0", container="trainer") > 0
+    free = [ls for n, ls, _ in series(text) if n == "DCGM_FI_DEV_SM_CLOCK" and ls["gpu"] == "2"]
+    assert len(free) == 1 and "pod" not in free[0], "a card no pod holds keeps one series without pod labels"
+    mig_series = [ls for n, ls, _ in series(text) if n == "DCGM_FI_PROF_SM_ACTIVE" and ls.get("GPU_I_ID") == gi]
+    assert [ls["pod"] for ls in mig_series] == ["mig-job"]
+    other_gi = [ls for n, ls, _ in series(text) if n == "DCGM_FI_PROF_SM_ACTIVE" and ls.get("GPU_I_ID") not in
+                (None, gi) and ls["gpu"] == "7"]  # fmt: skip
+    assert other_gi and all("pod" not in ls for ls in other_gi)
+    card7 = [ls for n, ls, _ in series(text) if n == "DCGM_FI_PROF_SM_ACTIVE" and ls["gpu"] == "7" and
+             "GPU_I_ID" not in ls]  # fmt: skip
+    assert len(card7) == 1 and "pod" not in card7[0], "a MIG instance's pod does not label the whole card"

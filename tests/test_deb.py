@@ -108,6 +108,20 @@ def test_deb_installs_runs_upgrades_removes_and_purges(deb: Path, tmp_path: Path
     ).stdout
     assert status.startswith("install ok installed")
     assert "/etc/xpu-runtime-kit/healthd.toml" in status
+    # dashboards, alert rules and the Alertmanager example for the monitoring side, as in the repository
+    share = root / "usr/share/xpu-runtime-kit"
+    shipped = {
+        **{f"dashboards/{p.name}": p for p in (REPO / "dashboards").glob("*.json")},
+        "dashboards/provisioning/xpu-runtime-kit.yml": REPO / "dashboards/provisioning/xpu-runtime-kit.yml",
+        "alerts/xpu-healthd.rules.yml": REPO / "alerts/xpu-healthd.rules.yml",
+        "alerts/alertmanager.example.yml": REPO / "alerts/alertmanager.example.yml",
+    }
+    assert len(shipped) >= 8
+    for relative, source in shipped.items():
+        assert (share / relative).read_bytes() == source.read_bytes(), relative
+    assert sorted(p.name for p in (share / "dashboards").glob("*.json")) == sorted(
+        p.name for p in (REPO / "dashboards").glob("*.json")
+    )
     # nothing in the venv points back at the build machine's staging directory
     for script in ("xpu-healthd", "xpuctl"):
         assert (root / PREFIX.lstrip("/") / "bin" / script).read_text().splitlines()[0] == f"#!{PREFIX}/bin/python"

@@ -38,8 +38,15 @@ def test_fault_metrics(tmp_path: Path) -> None:
     assert 'xpu_health_check_status{check="ecc",gpu="0",status="failed",uuid="' + GPU0.uuid + '"} 1.0' in text
     assert 'xpu_health_check_status{check="ecc",gpu="1",status="unknown",uuid="' + GPU1.uuid + '"} 1.0' in text
     assert 'xpu_health_check_status{check="ecc",gpu="1",status="ok",uuid="' + GPU1.uuid + '"} 0.0' in text
-    assert 'xpu_faults_active{action="reboot_node",code="xid_79",severity="fatal"} 1.0' in text
-    assert 'xpu_faults_active{action="reset_gpu",code="ecc_uncorrectable_volatile",severity="critical"} 1.0' in text
+    # per card: the alert rules need gpu and uuid to say which card a fault is on
+    assert (
+        f'xpu_faults_active{{action="reboot_node",code="xid_79",gpu="1",severity="fatal",uuid="{GPU1.uuid}"}} 1.0'
+        in text
+    )
+    assert (
+        'xpu_faults_active{action="reset_gpu",code="ecc_uncorrectable_volatile",gpu="0",severity="critical",'
+        f'uuid="{GPU0.uuid}"}} 1.0' in text
+    )
     assert f'xpu_xid_errors_total{{gpu="1",uuid="{GPU1.uuid}",xid="79"}} 3.0' in text
     assert "xpu_faults_journal_seq 3.0" in text
     promtool = shutil.which("promtool")

@@ -8,13 +8,12 @@ of the backend translated as documented.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import pytest
-from nvml_capture_fake import INVENTORY_PATH, U32_SPAN, FakeNvml, install
+from nvml_capture_fake import INVENTORY_PATH, FakeNvml, install
 from test_backend_contract import (
     test_close_twice_is_safe,
     test_counters_are_monotonic,
@@ -27,8 +26,11 @@ from test_backend_contract import (
     test_mig_profiles,
     test_mig_profiles_are_stable,
     test_nvlinks,
+    test_pcie_throughput,
     test_processes,
     test_processes_twice,
+    test_profiling_brackets_an_interval,
+    test_profiling_sooner_than_the_floor_reports_nothing_new,
     test_reopen_after_close,
     test_sample_error_counters_are_not_negative,
     test_sample_memory_adds_up,
@@ -72,8 +74,11 @@ CONTRACT_TESTS = (
     test_mig_profiles,
     test_mig_profiles_are_stable,
     test_nvlinks,
+    test_pcie_throughput,
     test_processes,
     test_processes_twice,
+    test_profiling_brackets_an_interval,
+    test_profiling_sooner_than_the_floor_reports_nothing_new,
     test_reopen_after_close,
     test_sample_error_counters_are_not_negative,
     test_sample_memory_adds_up,
@@ -85,13 +90,10 @@ CONTRACT_TESTS = (
     test_wait_event_zero_timeout,
 )
 
-GIB = 1 << 30
 # From nvml-inventory.json of the captured card.
 CAPTURED_UUID = "GPU-00000000-1111-2222-3333-444444444444"
 CAPTURED_ENERGY_FIELD_MJ = 20160557  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION in the field batch
 CAPTURED_ENERGY_CALL_MJ = 20152824  # nvmlDeviceGetTotalEnergyConsumption, read a moment earlier
-CAPTURED_PCIE_TX = 101521936
-CAPTURED_PCIE_RX = 3021922596  # 70% of the way to the 32-bit wrap
 # README / mig-probe.log: profile id -> (name, slices, memory MiB, SMs, max instances, placements)
 CAPTURED_MIG_PROFILES = {
     19: ("1g.18gb", 1, 16384, 16, 7, ((0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1))),
@@ -114,8 +116,7 @@ CAPTURED_MIG_PROFILES = {
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[NvmlBackend]:
     """NvmlBackend over the fake; the contract tests above run on it (this fixture overrides theirs)."""
     state = install(monkeypatch, **request.param)
-    state.pcie_step = (3 * GIB, 3 * GIB)  # every read moves the counters far enough to wrap within two reads
-    b = NvmlBackend()
+    b = NvmlBackend(monotonic=state.gpm.clock)
     b.open()
     try:
         yield b
@@ -191,7 +192,7 @@ def test_sample_translates_the_capture(nvml: NvmlBackend, fake: FakeNvml) -> Non
     assert s.clock_event_reasons == 1  # GPU idle
     assert s.performance_state == 0
     assert (s.pcie_generation, s.pcie_width) == (5, 16)
-    assert (s.pcie_tx_bytes, s.pcie_rx_bytes, s.pcie_replay_count) == (CAPTURED_PCIE_TX, CAPTURED_PCIE_RX, 0)
+    assert s.pcie_replay_count == 0
     assert s.remapped_rows == RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False)
     assert s.ecc.enabled_current is True and s.ecc.enabled_pending is True
     assert (s.ecc.corrected_volatile, s.ecc.uncorrected_volatile) == (0, 0)
@@ -243,29 +244,35 @@ def test_unsupported_readings_of_the_card_are_absent(nvml: NvmlBackend, fake: Fa
 # --- counters --------------------------------------------------------------------------------------------------
 
 
-def test_pcie_counters_stay_monotonic_across_the_32_bit_wrap(nvml: NvmlBackend, fake: FakeNvml) -> None:
-    first = nvml.sample(0)
-    steps = [(1 * GIB, 2 * GIB), (3 * GIB, 1 * GIB), (1 * GIB, 3 * GIB), (2 * GIB, 2 * GIB)]
-    assert isinstance(first.pcie_tx_bytes, int) and isinstance(first.pcie_rx_bytes, int)
-    readings = [(first.pcie_tx_bytes, first.pcie_rx_bytes)]
-    for tx, rx in steps:
-        fake.advance_pcie(tx, rx)
-        s = nvml.sample(0)
-        assert (s.pcie_tx_bytes, s.pcie_rx_bytes) == (fake.pcie_tx_bytes, fake.pcie_rx_bytes)
-        assert isinstance(s.pcie_tx_bytes, int) and isinstance(s.pcie_rx_bytes, int)
-        readings.append((s.pcie_tx_bytes, s.pcie_rx_bytes))
-    assert fake.pcie_rx_bytes > 2 * U32_SPAN and fake.pcie_tx_bytes > U32_SPAN, "both counters wrapped"
-    assert readings == sorted(readings)
-    assert all(b[0] > a[0] and b[1] > a[1] for a, b in itertools.pairwise(readings))
+def test_the_32_bit_pcie_byte_counters_are_not_read(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    """They wrap about every 80 ms at Gen5 x16: no read interval can follow them. PCIe comes from GPM instead."""
+    asked: list[int] = []
+    real = pynvml.nvmlDeviceGetFieldValues
+
+    def spy(handle: Any, field_ids: list[Any]) -> Any:
+        asked.extend(f[0] if isinstance(f, tuple) else f for f in field_ids)
+        return real(handle, field_ids)
+
+    pynvml.nvmlDeviceGetFieldValues = spy
+    try:
+        nvml.sample(0)
+    finally:
+        pynvml.nvmlDeviceGetFieldValues = real
+    assert asked, "the sample reads its counters in one field batch"
+    assert pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES not in asked
+    assert pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES not in asked
 
 
-def test_reopen_starts_the_wrap_count_afresh(nvml: NvmlBackend, fake: FakeNvml) -> None:
-    nvml.sample(0)
-    fake.advance_pcie(0, 2 * GIB)  # RX wraps
-    assert nvml.sample(0).pcie_rx_bytes == CAPTURED_PCIE_RX + 2 * GIB
-    nvml.close()
-    nvml.open()
-    assert nvml.sample(0).pcie_rx_bytes == (CAPTURED_PCIE_RX + 2 * GIB) % U32_SPAN
+def test_a_counter_that_goes_down_is_a_reset_not_a_wrap(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    """A driver reload restarts the 32-bit replay counter: the sample shows the new, lower count (Prometheus
+    treats a decrease as a counter reset), never the old value plus 2**32."""
+    u32 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    fake.field_overrides[pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = (u32, 4_000_000_000)
+    assert nvml.sample(0).pcie_replay_count == 4_000_000_000
+    fake.field_overrides[pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = (u32, 7)
+    assert nvml.sample(0).pcie_replay_count == 7
+    fake.energy_mj = 1000  # the energy counter restarts with the driver too
+    assert nvml.sample(0).energy_joules == pytest.approx(1.0)
 
 
 # --- NVLink (an HGX board, not the captured VM) -----------------------------------------------------------------

@@ -140,17 +140,6 @@ def test_decode_field_unknown_type_is_unsupported() -> None:
     assert nvml._decode_field(_field(99, "ullVal", 1)) is UNSUPPORTED
 
 
-def test_counter_extender_counts_32_bit_wraps() -> None:
-    ext = nvml._CounterExtender()
-    key = (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)
-    assert ext.extend(0, key, 4_294_967_000) == 4_294_967_000
-    assert ext.extend(0, key, 100) == 100 + (1 << 32)
-    assert ext.extend(0, key, 200) == 200 + (1 << 32)
-    assert ext.extend(1, key, 5) == 5  # per GPU
-    ext.forget()
-    assert ext.extend(0, key, 300) == 300
-
-
 def test_profile_name_strips_mig_prefix() -> None:
     assert nvml._profile_name("MIG 1g.18gb", 1, 16384) == "1g.18gb"
     assert nvml._profile_name(b"MIG 1g.18gb+me", 1, 16384) == "1g.18gb+me"

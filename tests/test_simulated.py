@@ -20,7 +20,6 @@ def test_values_move_over_time(sim: SimulatedBackend, clock: FakeClock) -> None:
     clock.advance(30)
     b = sim.sample(0)
     assert b.energy_joules > a.energy_joules  # type: ignore[operator]
-    assert b.pcie_rx_bytes > a.pcie_rx_bytes  # type: ignore[operator]
     assert a.gpu_utilization_ratio != b.gpu_utilization_ratio
 
 

@@ -26,6 +26,8 @@ U = "GPU-5a1c0e3e-8f2b-4c61-9d0a-1b7e2c3d4f53"
 G3 = f'{N},gpu="3",uuid="{U}"'
 NODE = {"instance": "node1:9410"}
 GPU3 = {**NODE, "gpu": "3", "uuid": U}
+RESET_CRITICAL = 'action="reset_gpu",severity="critical"'
+REBOOT_CRITICAL = 'action="reboot_node",severity="critical"'
 
 
 @dataclass
@@ -67,7 +69,7 @@ CASES = [
         "the card count drops from 8 to 7",
         {f"xpu_gpus{{{N}}}": "8x10 7x10"},
         quiet=["10m", "14m"],
-        fire=[Fire("17m", {**NODE, "job": "xpu-healthd"}, "fatal", "replace_node", 7)],
+        fire=[Fire("17m", {**NODE, "job": "xpu-healthd"}, "critical", "reboot_node", 7)],
     ),
     Case(
         "XpuGpuResetRequired",
@@ -82,7 +84,7 @@ CASES = [
         "a hang of 5m fires",
         {f'xpu_gpu_sample_failure{{{G3},code="timeout"}}': "1x10"},
         quiet=["4m"],
-        fire=[Fire("6m", GPU3, "critical", "reset_gpu")],
+        fire=[Fire("6m", GPU3, "critical", "reboot_node")],
     ),
     Case(
         "XpuGpuDriverCallHung",
@@ -98,43 +100,30 @@ CASES = [
         fire=[Fire("8m", {**NODE, "job": "xpu-healthd"}, "fatal", "reboot_node", 0)],
     ),
     Case(
-        "XpuGpuDriverRequestsReset",
-        "recovery action 4 (drain and reset)",
-        {f"xpu_gpu_recovery_action{{{G3}}}": "0 0 4x5"},
+        "XpuGpuDriverRequestsRecovery",
+        "the driver probe decoded a drain-and-reset request on GPU 3: the fault's action and severity",
+        {
+            f'xpu_faults_active{{{G3},code="recovery_action_drain_and_reset",{RESET_CRITICAL}}}': "0 0 1x5",
+            f"xpu_gpu_recovery_action{{{G3}}}": "0 0 4x5",
+        },
         quiet=["1m", "2m"],
-        fire=[Fire("4m", GPU3, "critical", "reset_gpu", 4)],
-        quiet_alerts=["XpuGpuDriverRequestsReboot"],
+        fire=[Fire("4m", {**GPU3, "code": "recovery_action_drain_and_reset"}, "critical", "reset_gpu")],
+        quiet_alerts=["XpuGpuDriverRecoveryAdvice"],
     ),
     Case(
-        "XpuGpuDriverRequestsReset",
-        "recovery action 6 (bus reset; raw 5 on R580)",
-        {f"xpu_gpu_recovery_action{{{G3}}}": "0 6x5"},
+        "XpuGpuDriverRequestsRecovery",
+        "a reboot request",
+        {f'xpu_faults_active{{{G3},code="recovery_action_node_reboot",{REBOOT_CRITICAL}}}': "0 1x5"},
         quiet=["1m"],
-        fire=[Fire("3m", GPU3, "critical", "reset_gpu", 6)],
-        quiet_alerts=["XpuGpuDriverRequestsReboot"],
+        fire=[Fire("3m", {**GPU3, "code": "recovery_action_node_reboot"}, "critical", "reboot_node")],
     ),
     Case(
-        "XpuGpuDriverRequestsReboot",
-        "recovery action 2 (reboot)",
-        {f"xpu_gpu_recovery_action{{{G3}}}": "0 2x5"},
+        "XpuGpuDriverRecoveryAdvice",
+        "a drain-peer-to-peer request asks for no reset",
+        {f'xpu_faults_active{{{G3},code="recovery_action_drain_p2p",action="none",severity="warning"}}': "0 1x5"},
         quiet=["1m"],
-        fire=[Fire("3m", GPU3, "critical", "reboot_node", 2)],
-        quiet_alerts=["XpuGpuDriverRequestsReset"],
-    ),
-    Case(
-        "XpuGpuDriverRequestsReboot",
-        "recovery action 7 (system reboot)",
-        {f"xpu_gpu_recovery_action{{{G3}}}": "0 7x5"},
-        quiet=["1m"],
-        fire=[Fire("3m", GPU3, "critical", "reboot_node", 7)],
-        quiet_alerts=["XpuGpuDriverRequestsReset"],
-    ),
-    Case(
-        "XpuGpuDriverRequestsReset",
-        "recovery action 5 (IMEX domain) and -1 (unknown) ask for neither",
-        {f"xpu_gpu_recovery_action{{{G3}}}": "0 5x3 -1x3"},
-        quiet=["1m", "3m", "4m", "6m"],
-        quiet_alerts=["XpuGpuDriverRequestsReboot"],
+        fire=[Fire("3m", {**GPU3, "code": "recovery_action_drain_p2p"}, "warning", "none")],
+        quiet_alerts=["XpuGpuDriverRequestsRecovery"],
     ),
     Case(
         "XpuGpuVolatileUncorrectableEcc",
@@ -184,7 +173,7 @@ CASES = [
         "link 4 down for 2m",
         {f'xpu_gpu_nvlink_up{{{G3},link="4"}}': "1 0x10", f'xpu_gpu_nvlink_up{{{G3},link="5"}}': "1x10"},
         quiet=["2m"],
-        fire=[Fire("4m", {**GPU3, "link": "4"}, "critical", "reset_gpu", 0)],
+        fire=[Fire("4m", {**GPU3, "link": "4"}, "critical", "reboot_node", 0)],
     ),
     Case(
         "XpuGpuNvlinkCrcErrorRateHigh",
@@ -197,7 +186,7 @@ CASES = [
         fire=[Fire("9m", {**GPU3, "link": "2"}, "critical", "reset_gpu", 200)],
     ),
     Case(
-        "XpuGpuNvlinkReplayOrRecoveryErrors",
+        "XpuGpuNvlinkReplayErrors",
         "replays keep coming on link 1",
         {
             f'xpu_gpu_nvlink_replay_errors_total{{{G3},link="1"}}': "0+6x20",
@@ -207,6 +196,18 @@ CASES = [
         },
         quiet=["5m"],
         fire=[Fire("12m", {**GPU3, "link": "1"}, "warning", "none", 60)],
+        quiet_alerts=["XpuGpuNvlinkRecoveryErrors"],
+    ),
+    Case(
+        "XpuGpuNvlinkRecoveryErrors",
+        "link 2 retrained twice",
+        {
+            f'xpu_gpu_nvlink_recovery_errors_total{{{G3},link="2"}}': "0 0 0 2x10",
+            f'xpu_gpu_nvlink_recovery_errors_total{{{G3},link="1"}}': "0x13",
+        },
+        quiet=["2m", "3m"],
+        fire=[Fire("5m", {**GPU3, "link": "2"}, "critical", "reset_gpu", 2)],
+        quiet_alerts=["XpuGpuNvlinkReplayErrors"],
     ),
     Case(
         "XpuGpuPcieReplayRateHigh",
@@ -223,7 +224,7 @@ CASES = [
             f'xpu_gpu_compute_mode{{{G3},mode="default"}}': "0x10",
         },
         quiet=["4m"],
-        fire=[Fire("6m", GPU3, "warning", "reset_gpu")],
+        fire=[Fire("6m", GPU3, "critical", "none")],
     ),
     Case(
         "XpuGpuComputeModeMixed",
@@ -270,18 +271,35 @@ CASES = [
         "XpuFatalXid",
         "XID 79 fault with the catalog action replace_node",
         {
-            f'xpu_faults_active{{{N},code="xid_79",action="replace_node",severity="fatal"}}': "0 1x5",
-            f'xpu_faults_active{{{N},code="xid_13",action="restart_app",severity="warning"}}': "0 1x5",
+            f'xpu_faults_active{{{G3},code="xid_79",action="replace_node",severity="fatal"}}': "0 1x5",
+            f'xpu_faults_active{{{N},gpu="4",uuid="GPU-4",code="xid_13",action="restart_app",severity="warning"}}': (
+                "0 1x5"
+            ),
         },
         quiet=["1m"],
-        fire=[Fire("2m", {**NODE, "code": "xid_79"}, "fatal", "replace_node")],
+        fire=[Fire("2m", {**GPU3, "code": "xid_79"}, "fatal", "replace_node")],
+    ),
+    Case(
+        "XpuFatalXid",
+        "the same XID on two cards: one alert per card",
+        {
+            f'xpu_faults_active{{{G3},code="xid_48",action="reset_gpu",severity="critical"}}': "0 1x5",
+            f'xpu_faults_active{{{N},gpu="5",uuid="GPU-5",code="xid_48",action="reset_gpu",severity="critical"}}': (
+                "0 1x5"
+            ),
+        },
+        quiet=["1m"],
+        fire=[
+            Fire("2m", {**GPU3, "code": "xid_48"}, "critical", "reset_gpu"),
+            Fire("2m", {**NODE, "gpu": "5", "uuid": "GPU-5", "code": "xid_48"}, "critical", "reset_gpu"),
+        ],
     ),
     Case(
         "XpuApplicationXid",
         "XID 13 is the application's: restart_app, never a GPU or node action",
-        {f'xpu_faults_active{{{N},code="xid_13",action="restart_app",severity="warning"}}': "0 1x5"},
+        {f'xpu_faults_active{{{G3},code="xid_13",action="restart_app",severity="warning"}}': "0 1x5"},
         quiet=["1m"],
-        fire=[Fire("2m", {**NODE, "code": "xid_13", "severity": "warning"}, "warning", "restart_app")],
+        fire=[Fire("2m", {**GPU3, "code": "xid_13"}, "warning", "restart_app")],
         quiet_alerts=["XpuFatalXid"],
     ),
     Case(
@@ -383,16 +401,12 @@ def build() -> dict[str, Any]:
         checks += [
             {"eval_time": at, "alertname": other, "exp_alerts": []} for other in case.quiet_alerts for at in times
         ]
+        expected: dict[str, list[dict[str, Any]]] = {}  # eval time -> every alert expected then
         for fire in case.fire:
             labels = {**fire.labels, "severity": fire.severity, "action": fire.action}
             rendered = {k: render(v, labels, fire.value) for k, v in annotations[case.alert].items()}
-            checks.append(
-                {
-                    "eval_time": fire.at,
-                    "alertname": case.alert,
-                    "exp_alerts": [{"exp_labels": labels, "exp_annotations": rendered}],
-                }
-            )
+            expected.setdefault(fire.at, []).append({"exp_labels": labels, "exp_annotations": rendered})
+        checks += [{"eval_time": at, "alertname": case.alert, "exp_alerts": alerts} for at, alerts in expected.items()]
         tests.append(
             {
                 "name": f"{case.alert}: {case.about}",

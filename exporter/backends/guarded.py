@@ -34,10 +34,12 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import (
     DeviceEvent,
     DeviceInfo,
+    DeviceProfiling,
     DeviceSample,
     GpuProcess,
     MigInstance,
     MigProfile,
+    PcieThroughput,
     SystemInfo,
     Unknown,
     Unsupported,
@@ -489,10 +491,17 @@ class GuardedBackend:
         fn = self.access.backend.wait_event
         return self._run(EVENTS, "wait_event", lambda: fn(timeout_s), timeout_s + self._read)
 
-    def submit(self, index: int, call: str) -> Pending[Any]:
+    def profiling(self, index: int, mig_instances: tuple[MigInstance, ...] = ()) -> DeviceProfiling:
+        fn = self.access.backend.profiling
+        return self._run(index, "profiling", lambda: fn(index, mig_instances), self._read)
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        return self._run(index, "pcie_throughput", _bind(self.access.backend.pcie_throughput, index), self._read)
+
+    def submit(self, index: int, call: str, *args: Any) -> Pending[Any]:
         """Start one per-card read without waiting (the sampler fans a cycle out over every card this way)."""
         fn = getattr(self.access.backend, call)
-        return self.access.submit(index, call, lambda: fn(index), self._read)
+        return self.access.submit(index, call, lambda: fn(index, *args), self._read)
 
     @property
     def _read(self) -> float:

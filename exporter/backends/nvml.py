@@ -23,6 +23,7 @@ import ctypes
 import dataclasses
 import inspect
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -42,12 +43,14 @@ from exporter.backends.errors import (
 )
 from exporter.backends.nvml_cards import CardWatch, Refresh, per_card
 from exporter.backends.nvml_events import EventSet, handle_key
+from exporter.backends.nvml_profiling import NvmlProfiling
 from exporter.backends.types import (
     UNKNOWN,
     UNSUPPORTED,
     ComputeMode,
     DeviceEvent,
     DeviceInfo,
+    DeviceProfiling,
     DeviceSample,
     EccCounts,
     GpuProcess,
@@ -55,6 +58,7 @@ from exporter.backends.types import (
     MigInstance,
     MigProfile,
     NvLinkSample,
+    PcieThroughput,
     RemappedRows,
     SystemInfo,
     Unknown,
@@ -66,7 +70,6 @@ log = structlog.get_logger("nvml")
 
 _MIB: Final = 1024 * 1024
 _KIB: Final = 1024
-_U32_SPAN: Final = 1 << 32
 _INVALID_ID: Final = 0xFFFFFFFF  # NVML's "no GPU instance" / "not available" for 32-bit ids
 _PSTATE_UNKNOWN: Final = 32
 _MAX_PLACEMENTS: Final = 64  # more than any card's memory-slice count
@@ -110,8 +113,6 @@ _FI_DBE_AGG: Final = pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL
 _FI_MEMORY_TEMP: Final = pynvml.NVML_FI_DEV_MEMORY_TEMP
 _FI_ENERGY: Final = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION  # mJ since driver load
 _FI_PCIE_REPLAY: Final = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
-_FI_PCIE_TX: Final = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
-_FI_PCIE_RX: Final = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 _FI_REMAP_COR: Final = pynvml.NVML_FI_DEV_REMAPPED_COR
 _FI_REMAP_UNC: Final = pynvml.NVML_FI_DEV_REMAPPED_UNC
 _FI_REMAP_PENDING: Final = pynvml.NVML_FI_DEV_REMAPPED_PENDING
@@ -131,8 +132,6 @@ _DEVICE_FIELDS: Final[tuple[int, ...]] = (
     _FI_MEMORY_TEMP,
     _FI_ENERGY,
     _FI_PCIE_REPLAY,
-    _FI_PCIE_TX,
-    _FI_PCIE_RX,
     _FI_REMAP_COR,
     _FI_REMAP_UNC,
     _FI_REMAP_PENDING,
@@ -156,9 +155,6 @@ _FI_LINK_CRC_FLIT: Final = _per_link_ids("CRC_FLIT")
 _FI_LINK_CRC_DATA: Final = _per_link_ids("CRC_DATA")
 _FI_LINK_REPLAY: Final = _per_link_ids("REPLAY")
 _FI_LINK_RECOVERY: Final = _per_link_ids("RECOVERY")
-
-# Counters NVML may report as 32-bit values that wrap; the backend extends them to monotonic counters.
-_WRAPPING_FIELDS: Final = frozenset({_FI_PCIE_TX, _FI_PCIE_RX, _FI_PCIE_REPLAY, _FI_NVLINK_TX, _FI_NVLINK_RX})
 
 
 # --- error translation and optional readings -------------------------------------------------------------------
@@ -222,34 +218,6 @@ def _decode_field(fv: Any) -> int | float | Unsupported:
     return float(value) if member == "dVal" else int(value)
 
 
-def _is_u32(fv: Any) -> bool:
-    return int(fv.valueType) == int(pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
-
-
-class _CounterExtender:
-    """Turns 32-bit wrapping device counters into monotonic ones by counting wraps between reads.
-
-    PCIe byte counters come back as 32-bit values (see the H200 capture), which wrap after 4 GiB; a wrap is only
-    seen if the counter is read at least once per wrap period.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[tuple[int, FieldKey], tuple[int, int]] = {}  # (gpu, key) -> (last raw, wraps * 2**32)
-        self._lock = threading.Lock()
-
-    def extend(self, gpu: int, key: FieldKey, raw: int) -> int:
-        with self._lock:
-            last_raw, offset = self._last.get((gpu, key), (raw, 0))
-            if raw < last_raw:
-                offset += _U32_SPAN
-            self._last[(gpu, key)] = (raw, offset)
-            return raw + offset
-
-    def forget(self) -> None:
-        with self._lock:
-            self._last.clear()
-
-
 # --- small conversions -----------------------------------------------------------------------------------------
 
 
@@ -306,7 +274,13 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, proc_root: str = "/proc", *, event_retry_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        *,
+        event_retry_seconds: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.proc_root = proc_root  # kept for callers that resolve PIDs; NVML reports host PIDs
         self._lock = threading.Lock()
         self._open = False
@@ -317,7 +291,6 @@ class NvmlBackend:
         self._field_requests: dict[int, tuple[FieldKey, ...]] = {}
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._util_seen: dict[int, int] = {}  # gpu -> last process-utilization timestamp (us)
-        self._counters = _CounterExtender()
         self._cards = CardWatch()
         self.call_nesting = threading.local()  # per-card calls made inside another are not watched twice
         self._event_set = EventSet(
@@ -329,6 +302,7 @@ class NvmlBackend:
             translate=_translate,
             retry_seconds=event_retry_seconds,  # how often a card that could not be registered is tried again
         )
+        self._profiling = NvmlProfiling(_translate, monotonic)  # GPM samples per card and MIG instance
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -358,7 +332,7 @@ class NvmlBackend:
             for cache in (self._handles, self._infos, self._links, self._field_requests, self._profiles):
                 cache.clear()
             self._util_seen.clear()
-            self._counters.forget()
+            self._profiling.forget()
             self._count = 0
             with contextlib.suppress(pynvml.NVMLError):  # already shut down or driver gone: nothing left to release
                 pynvml.nvmlShutdown()
@@ -515,8 +489,6 @@ class NvmlBackend:
                 _optional("nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
             ),
             pcie_width=_as_int(_optional("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)),
-            pcie_tx_bytes=_as_int(field(_FI_PCIE_TX)),
-            pcie_rx_bytes=_as_int(field(_FI_PCIE_RX)),
             pcie_replay_count=_as_int(field(_FI_PCIE_REPLAY)),
             ecc=EccCounts(
                 enabled_current=_as_bool(field(_FI_ECC_CURRENT)),
@@ -564,9 +536,7 @@ class NvmlBackend:
             value = _decode_field(fv)
             if value is UNSUPPORTED:
                 continue
-            if key[0] in _WRAPPING_FIELDS and _is_u32(fv):
-                value = self._counters.extend(index, key, int(value))
-            out[key] = value
+            out[key] = value  # raw: a counter that goes down was reset (driver reload), which Prometheus handles
         return out
 
     def _memory(self, h: Any) -> tuple[int, int, int | Unsupported]:
@@ -634,6 +604,14 @@ class NvmlBackend:
         return _as_int(
             _optional("nvmlDeviceGetNvLinkErrorCounter", pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
         )
+
+    # --- profiling (GPM) and PCIe throughput: nvml_profiling.py --------------------------------------------------
+
+    def profiling(self, index: int, mig_instances: tuple[MigInstance, ...] = ()) -> DeviceProfiling:
+        return self._profiling.read(index, self._handle(index), mig_instances)
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        return self._profiling.pcie_throughput(self._handle(index))
 
     # --- processes ---------------------------------------------------------------------------------------------
 

@@ -11,10 +11,12 @@ from typing import Protocol, runtime_checkable
 from exporter.backends.types import (
     DeviceEvent,
     DeviceInfo,
+    DeviceProfiling,
     DeviceSample,
     GpuProcess,
     MigInstance,
     MigProfile,
+    PcieThroughput,
     SystemInfo,
     Unknown,
     Unsupported,
@@ -55,6 +57,17 @@ class Backend(Protocol):
 
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
         """MIG devices on the card, each with its own memory use; empty when MIG is off."""
+        ...
+
+    def profiling(self, index: int, mig_instances: tuple[MigInstance, ...] = ()) -> DeviceProfiling:
+        """Profiling (GPM) metrics of the card and of each given MIG instance over the interval since the previous
+        call, plus encoder/decoder utilization. The backend keeps the previous GPM sample of each card and GPU
+        instance: call it once per sampling cycle, from the card's own lane (the first call has no interval yet)."""
+        ...
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        """PCIe TX/RX throughput from the driver's 20 ms sampling window (two ~20 ms calls): the fallback for cards
+        whose GPM gives no PCIe rates. Slow: call it on a slower cadence than ``sample``."""
         ...
 
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.backends import simulated_profiling as profiling_model
 from exporter.backends.errors import (
     DriverUnavailableError,
     GpuLostError,
@@ -32,6 +33,7 @@ from exporter.backends.types import (
     ComputeMode,
     DeviceEvent,
     DeviceInfo,
+    DeviceProfiling,
     DeviceSample,
     EccCounts,
     EventKind,
@@ -40,6 +42,8 @@ from exporter.backends.types import (
     MigInstance,
     MigProfile,
     NvLinkSample,
+    PcieThroughput,
+    ProfilingSample,
     RemappedRows,
     SystemInfo,
     Unknown,
@@ -48,8 +52,7 @@ from exporter.backends.types import (
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
-NVLINK_BYTES_PER_SECOND_BUSY = 150e9  # per card, all links, at full load
-PCIE_BYTES_PER_SECOND_BUSY = 8e9
+NVLINK_BYTES_PER_SECOND_BUSY = profiling_model.NVLINK_BYTES_PER_SECOND_BUSY  # per card, all links, at full load
 HANGABLE_CALLS = (
     "device_info",
     "sample",
@@ -59,6 +62,8 @@ HANGABLE_CALLS = (
     "nvlink_peers",
     "create_mig_instance",
     "destroy_mig_instance",
+    "profiling",
+    "pcie_throughput",
     "*",
 )
 
@@ -145,9 +150,8 @@ class _Card:
     process_list_denied: bool = False  # as an unprivileged caller: NVML refuses the parent's list with MIG on
     hangs: dict[str, threading.Event] = field(default_factory=dict)
     energy: float = 0.0
-    pcie_tx: float = 0.0
-    pcie_rx: float = 0.0
     last_t: float | None = None
+    gpm: profiling_model.Brackets = field(default_factory=profiling_model.Brackets)
     phase: float = 0.0
 
 
@@ -160,8 +164,10 @@ class SimulatedBackend:
         *,
         clock: Callable[[], float] = time.time,
         version_mismatch: bool = False,
+        gpm: bool = True,
     ) -> None:
         self.scenario = scenario
+        self._gpm = gpm  # False: a card without GPM (before Hopper), for the PCIe throughput fallback
         self.name = f"simulated:{scenario.name}"
         self._clock = clock
         self._version_mismatch = version_mismatch
@@ -187,8 +193,6 @@ class SimulatedBackend:
         card.energy = self.scenario.energy_joules_at_start + 1000.0 * index
         card.mig_current = card.mig_pending = spec.mig_enabled
         card.phase = (index * 0.7) % (2 * math.pi)
-        card.pcie_tx = 101521936.0 * (index + 1)
-        card.pcie_rx = 3021922596.0 * (index + 1)
         return card
 
     # ----- lifecycle ---------------------------------------------------------------------------------------
@@ -283,8 +287,6 @@ class SimulatedBackend:
                 performance_state=0,
                 pcie_generation=s.pcie_generation,
                 pcie_width=s.pcie_width,
-                pcie_tx_bytes=int(card.pcie_tx),
-                pcie_rx_bytes=int(card.pcie_rx),
                 pcie_replay_count=card.pcie_replay,
                 ecc=EccCounts(
                     enabled_current=True,
@@ -327,6 +329,47 @@ class SimulatedBackend:
                 )
                 for p in sorted(card.procs.values(), key=lambda p: p.pid)
             )
+
+    def profiling(self, index: int, mig_instances: tuple[MigInstance, ...] = ()) -> DeviceProfiling:
+        """GPM as simulated_profiling models it; the first call per card or instance only opens the interval."""
+        card = self._enter(index, "profiling", "nvmlGpmSampleGet")
+        now = self._clock()
+        with card.lock:
+            if not self._gpm:
+                return DeviceProfiling(False, None, {}, 0.0, 0.0)
+            loads = {gi: self._instance_load(card, gi, now) for gi in card.mig} if card.mig_current else {}
+            links_up = sum(1 for link in card.links if link.state is LinkState.UP)
+            interval = card.gpm.close((-1, ""), now)
+            whole: ProfilingSample | None = None
+            if interval is not None and card.mig_current:
+                by_gi = {gi: (loads[gi], g.profile.sm_count) for gi, g in card.mig.items()}
+                whole = profiling_model.mig_card_sample(by_gi, self._card_sms(), links_up, len(card.links), interval)
+            elif interval is not None:
+                whole = profiling_model.card_sample(self._load(card, now), links_up, len(card.links), interval)
+            mig: dict[int, ProfilingSample] = {}
+            live = {(m.gpu_instance_id, m.uuid) for m in mig_instances if m.gpu_instance_id in loads}
+            for gi, uuid in sorted(live):
+                if card.mig[gi].uuid != uuid:
+                    continue  # an instance of that id was recreated since it was listed
+                span = card.gpm.close((gi, uuid), now)
+                if span is not None:
+                    mig[gi] = profiling_model.instance_sample(loads[gi], span)
+            card.gpm.keep(live)
+            return DeviceProfiling(True, whole, mig, 0.0, 0.0)
+
+    def pcie_throughput(self, index: int) -> PcieThroughput:
+        card = self._enter(index, "pcie_throughput", "nvmlDeviceGetPcieThroughput")
+        now = self._clock()
+        with card.lock:
+            tx, rx = profiling_model.pcie_rates(self._load(card, now))
+        return PcieThroughput(tx_bytes_per_second=tx, rx_bytes_per_second=rx, measured_at=now)
+
+    def _instance_load(self, card: _Card, gpu_instance_id: int, now: float) -> float:
+        demand = sum(p.load for p in card.procs.values() if p.gpu_instance_id == gpu_instance_id)
+        return max(0.0, min(1.0, demand * self._wobble(card, now)))
+
+    def _card_sms(self) -> int:
+        return max((p.sm_count for p in self.scenario.mig_profiles), default=1)
 
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
         self._enter(index, "mig_profiles", "nvmlDeviceGetGpuInstanceProfileInfo")
@@ -709,8 +752,6 @@ class SimulatedBackend:
         s = self.scenario
         power = s.idle_power_watts + (s.power_limit_watts * 0.92 - s.idle_power_watts) * load
         card.energy += power * dt
-        card.pcie_tx += (1.5e5 + PCIE_BYTES_PER_SECOND_BUSY * load * 0.4) * dt
-        card.pcie_rx += (1.0e5 + PCIE_BYTES_PER_SECOND_BUSY * load) * dt
         per_link = NVLINK_BYTES_PER_SECOND_BUSY * load / max(1, len(card.links)) * dt
         for link in card.links:
             if link.state is LinkState.UP:

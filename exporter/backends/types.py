@@ -8,7 +8,9 @@ report "unsupported" instead of a fault.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 
 class Unsupported(enum.Enum):
@@ -164,8 +166,6 @@ class DeviceSample:
     performance_state: int | Unsupported  # 0 (P0) .. 15
     pcie_generation: int | Unsupported
     pcie_width: int | Unsupported
-    pcie_tx_bytes: int | Unsupported  # counter
-    pcie_rx_bytes: int | Unsupported  # counter
     pcie_replay_count: int | Unsupported  # counter
     ecc: EccCounts
     remapped_rows: RemappedRows | Unsupported
@@ -203,3 +203,91 @@ class DeviceEvent:
     data: int = 0
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+# --- profiling (GPM) and throughput readings -------------------------------------------------------------------
+
+
+class ProfilingMetric(enum.StrEnum):
+    """What NVML's GPM API measures between two samples: activity ratios (0-1) and byte rates (bytes per second).
+
+    ``TENSOR_ACTIVE`` is the share of cycles with any tensor pipe busy; the per-kind tensor ratios overlap it and
+    do not add up to it.
+    """
+
+    GRAPHICS_ACTIVE = "graphics_active"
+    SM_ACTIVE = "sm_active"
+    SM_OCCUPANCY = "sm_occupancy"
+    TENSOR_ACTIVE = "tensor_active"
+    TENSOR_HMMA_ACTIVE = "tensor_hmma_active"
+    TENSOR_IMMA_ACTIVE = "tensor_imma_active"
+    TENSOR_DFMA_ACTIVE = "tensor_dfma_active"
+    TENSOR_DMMA_ACTIVE = "tensor_dmma_active"
+    DRAM_ACTIVE = "dram_active"
+    FP64_ACTIVE = "fp64_active"
+    FP32_ACTIVE = "fp32_active"
+    FP16_ACTIVE = "fp16_active"
+    INTEGER_ACTIVE = "integer_active"
+    PCIE_TX_BYTES_PER_SECOND = "pcie_tx_bytes_per_second"
+    PCIE_RX_BYTES_PER_SECOND = "pcie_rx_bytes_per_second"
+    NVLINK_TX_BYTES_PER_SECOND = "nvlink_tx_bytes_per_second"
+    NVLINK_RX_BYTES_PER_SECOND = "nvlink_rx_bytes_per_second"
+
+    @property
+    def is_rate(self) -> bool:
+        return self.value.endswith("_bytes_per_second")
+
+
+class MediaEngine(enum.StrEnum):
+    """Fixed-function engines GPM reports per engine instance."""
+
+    NVDEC = "nvdec"
+    NVJPG = "nvjpg"
+    NVOFA = "nvofa"
+    NVENC = "nvenc"
+
+
+def _no_metrics() -> Mapping[ProfilingMetric, float]:
+    return MappingProxyType({})
+
+
+def _no_engines() -> Mapping[tuple[MediaEngine, int], float]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingSample:
+    """GPM readings of one card or one MIG GPU instance, averaged over ``interval_seconds`` (two samples).
+
+    Only what the device answered is present: a metric it does not support is absent, never 0.
+    """
+
+    interval_seconds: float
+    metrics: Mapping[ProfilingMetric, float] = field(default_factory=_no_metrics)
+    engines: Mapping[tuple[MediaEngine, int], float] = field(default_factory=_no_engines)  # busy ratio per engine
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfiling:
+    """One cycle's profiling readings of a card: GPM for the card and each MIG GPU instance, and the encoder and
+    decoder utilization NVML keeps itself.
+
+    ``card`` is None where the card has no GPM (before Hopper, or the driver refuses it) and on the first call,
+    when no interval is complete yet; ``mig`` holds only GPU instances with a complete interval.
+    """
+
+    gpm_supported: bool
+    card: ProfilingSample | None
+    mig: Mapping[int, ProfilingSample]  # by gpu_instance_id
+    encoder_utilization_ratio: float | Unsupported
+    decoder_utilization_ratio: float | Unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class PcieThroughput:
+    """PCIe traffic over the driver's own short sampling window (``nvmlDeviceGetPcieThroughput``): the fallback
+    where GPM gives no PCIe rates. A snapshot of a 20 ms window, not an average over the sampling interval."""
+
+    tx_bytes_per_second: float | Unsupported
+    rx_bytes_per_second: float | Unsupported
+    measured_at: float  # unix time of the reading

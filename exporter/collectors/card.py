@@ -1,5 +1,8 @@
 """Per-card metrics: identity, utilization, memory, thermals, power, clocks, PCIe, ECC, row remapping, NVLink.
 
+PCIe throughput is a rate, never a byte counter: NVML's PCIe byte counters are 32 bits wide and wrap several times
+a second at Gen5 x16, so no read interval can follow them.
+
 Only cards whose last cycle succeeded get value series; a stuck or lost card keeps its ``xpu_gpu_info`` and shows
 ``xpu_gpu_up 0`` instead of repeating old numbers. Unsupported readings are omitted, never exported as 0.
 """
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from exporter.backends.recovery import recovery_code
-from exporter.backends.types import UNSUPPORTED, ComputeMode, DeviceSample, LinkState, Unsupported
+from exporter.backends.types import UNSUPPORTED, ComputeMode, DeviceSample, LinkState, ProfilingMetric, Unsupported
 from exporter.collectors.base import GPU_LABELS, gpu_label_values
 from exporter.snapshot import GpuSnapshot, Snapshot
 
@@ -82,10 +85,6 @@ _COUNTERS = (
         "xpu_gpu_energy_joules",
         "Energy used since the driver loaded (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION).",
         "energy_joules",
-    ),
-    _Counter("xpu_gpu_pcie_transmit_bytes", "Bytes sent over PCIe (NVML_FI_DEV_PCIE_COUNT_TX_BYTES).", "pcie_tx_bytes"),
-    _Counter(
-        "xpu_gpu_pcie_receive_bytes", "Bytes received over PCIe (NVML_FI_DEV_PCIE_COUNT_RX_BYTES).", "pcie_rx_bytes"
     ),
     _Counter("xpu_gpu_pcie_replays", "PCIe replay events (NVML_FI_DEV_PCIE_REPLAY_COUNTER).", "pcie_replay_count"),
 )
@@ -181,6 +180,7 @@ class CardCollector:
                 if v is not None:
                     cfam.add_metric(gpu_label_values(gpu), v * cspec.scale)
             yield cfam
+        yield from _pcie(gpus)
         yield from _modes(gpus)
         yield from _ecc(gpus)
         yield from _nvlink(gpus)
@@ -212,6 +212,48 @@ def _recovery_action(gpus: list[GpuSnapshot], driver: str) -> Metric:
 def _sample(gpu: GpuSnapshot) -> DeviceSample:
     assert gpu.sample is not None
     return gpu.sample
+
+
+def pcie_rates(gpu: GpuSnapshot) -> tuple[float | None, float | None, str]:
+    """(transmit, receive) bytes per second and where they come from: GPM's average over the last interval, else
+    the driver's 20 ms window read on a slower cadence; ``(None, None, "")`` when neither answered."""
+    card = gpu.profiling.card if gpu.profiling is not None else None
+    if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
+        tx = card.metrics.get(ProfilingMetric.PCIE_TX_BYTES_PER_SECOND)
+        return tx, card.metrics.get(ProfilingMetric.PCIE_RX_BYTES_PER_SECOND), "gpm"
+    window = gpu.pcie_throughput
+    if window is None:
+        return None, None, ""
+    return _num(window.tx_bytes_per_second), _num(window.rx_bytes_per_second), "sampling_window"
+
+
+def _pcie(gpus: list[GpuSnapshot]) -> Iterator[Metric]:
+    labels = list(GPU_LABELS)
+    tx = GaugeMetricFamily(
+        "xpu_gpu_pcie_transmit_bytes_per_second",
+        "Bytes per second the card sent over PCIe: GPM's average over the last sampling interval, or on cards "
+        "without it nvmlDeviceGetPcieThroughput's 20 ms window (see xpu_gpu_pcie_throughput_source).",
+        labels=labels,
+    )
+    rx = GaugeMetricFamily(
+        "xpu_gpu_pcie_receive_bytes_per_second",
+        "Bytes per second the card received over PCIe (as xpu_gpu_pcie_transmit_bytes_per_second).",
+        labels=labels,
+    )
+    source = GaugeMetricFamily(
+        "xpu_gpu_pcie_throughput_source",
+        "1 for where the PCIe rates come from: gpm (interval average) or sampling_window (20 ms, slower cadence).",
+        labels=[*labels, "source"],
+    )
+    for gpu in gpus:
+        values = gpu_label_values(gpu)
+        sent, received, origin = pcie_rates(gpu)
+        for family, value in ((tx, sent), (rx, received)):
+            if value is not None:
+                family.add_metric(values, value)
+        if origin:
+            source.add_metric([*values, origin], 1.0)
+    return iter((tx, rx, source))
 
 
 def _modes(gpus: list[GpuSnapshot]) -> Iterator[Metric]:

@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter.snapshot import Snapshot
 from healthd.faults.engine import FaultEngine
-from healthd.faults.model import CheckStatus
+from healthd.faults.model import CheckStatus, GpuRef
 from healthd.faults.outbox import HookDispatcher
 
 STATUS_VALUES = tuple(s.value for s in CheckStatus)
@@ -33,18 +33,21 @@ class FaultMetricsCollector:
         )
         for state in sorted(self._engine.check_states(), key=lambda c: (c.result.check, _gpu_key(c.result.gpu))):
             r = state.result
-            gpu, uuid = ("", "") if r.gpu is None else (str(r.gpu.index), r.gpu.uuid)
+            gpu, uuid = _gpu_labels(r.gpu)
             for value in STATUS_VALUES:
                 status.add_metric([r.check, gpu, uuid, value], 1.0 if r.status.value == value else 0.0)
         yield status
 
         active = GaugeMetricFamily(
-            "xpu_faults_active", "Active faults by code, recommended action and severity.",
-            labels=["code", "action", "severity"],
-        )  # fmt: skip
-        by_kind = Counter((f.code, f.action.label, f.severity.name.lower()) for f in self._engine.active_faults())
-        for (code, action, severity), n in sorted(by_kind.items()):
-            active.add_metric([code, action, severity], float(n))
+            "xpu_faults_active",
+            "Active faults by GPU (gpu and uuid empty: node-wide), code, recommended action and severity.",
+            labels=["gpu", "uuid", "code", "action", "severity"],
+        )
+        by_kind = Counter(
+            (*_gpu_labels(f.gpu), f.code, f.action.label, f.severity.name.lower()) for f in self._engine.active_faults()
+        )
+        for labels, n in sorted(by_kind.items()):
+            active.add_metric(list(labels), float(n))
         yield active
 
         xid = CounterMetricFamily(
@@ -74,6 +77,11 @@ class FaultMetricsCollector:
                 failures.add_metric([target], float(self._dispatcher.failures.get(target, 0)))
             yield depth
             yield failures
+
+
+def _gpu_labels(gpu: GpuRef | None) -> tuple[str, str]:
+    """The ``gpu`` and ``uuid`` label values of a card, empty for node-wide checks and faults."""
+    return ("", "") if gpu is None else (str(gpu.index), gpu.uuid)
 
 
 def _gpu_key(gpu: object) -> int:

@@ -1,0 +1,298 @@
+"""Profiling readings of the NVML backend: GPM metrics, encoder/decoder utilization and the PCIe throughput fallback.
+
+GPM (Hopper and later) counts in hardware; NVML turns two samples into metrics for the interval between them
+(``nvmlGpmSampleGet`` / ``nvmlGpmMigSampleGet``, then ``nvmlGpmMetricsGet``). :class:`NvmlProfiling` keeps the
+previous sample of each card and MIG GPU instance, so every call returns the average over the time since the last
+one. NVML documents a floor of about 100 ms between the two samples; a call sooner than that returns nothing for
+that device and keeps the older sample as the start of the next interval.
+
+Every NVML call here runs on the calling thread (the card's lane); no lock is held across a driver call, so a
+card whose GPM call hangs stalls only its own lane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
+
+import pynvml
+
+from exporter.backends.errors import BackendError
+from exporter.backends.types import (
+    UNSUPPORTED,
+    DeviceProfiling,
+    MediaEngine,
+    MigInstance,
+    PcieThroughput,
+    ProfilingMetric,
+    ProfilingSample,
+    Unsupported,
+)
+
+T = TypeVar("T")
+Translate = Callable[[BaseException, str], BackendError]
+
+MIN_INTERVAL_SECONDS: Final = 0.1  # nvml.h: two GPM samples closer than this give unreliable metrics
+_MIB: Final = float(1 << 20)
+_KIB: Final = 1024.0
+_NOT_SUPPORTED: Final = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+_INSTANCE_GONE: Final = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
+
+# NVML_GPM_METRIC_* ids (nvml.h); ratios come as percent, rates as MiB/s.
+_CARD_METRICS: Final[Mapping[int, ProfilingMetric]] = {
+    1: ProfilingMetric.GRAPHICS_ACTIVE,
+    2: ProfilingMetric.SM_ACTIVE,
+    3: ProfilingMetric.SM_OCCUPANCY,
+    4: ProfilingMetric.INTEGER_ACTIVE,
+    5: ProfilingMetric.TENSOR_ACTIVE,
+    6: ProfilingMetric.TENSOR_DFMA_ACTIVE,
+    7: ProfilingMetric.TENSOR_HMMA_ACTIVE,
+    8: ProfilingMetric.TENSOR_DMMA_ACTIVE,
+    9: ProfilingMetric.TENSOR_IMMA_ACTIVE,
+    10: ProfilingMetric.DRAM_ACTIVE,
+    11: ProfilingMetric.FP64_ACTIVE,
+    12: ProfilingMetric.FP32_ACTIVE,
+    13: ProfilingMetric.FP16_ACTIVE,
+    20: ProfilingMetric.PCIE_TX_BYTES_PER_SECOND,
+    21: ProfilingMetric.PCIE_RX_BYTES_PER_SECOND,
+    60: ProfilingMetric.NVLINK_RX_BYTES_PER_SECOND,
+    61: ProfilingMetric.NVLINK_TX_BYTES_PER_SECOND,
+}
+# A GPU instance owns its SMs and memory slices, not the card's PCIe or NVLink: those stay card metrics.
+_MIG_METRICS: Final[Mapping[int, ProfilingMetric]] = {
+    mid: metric for mid, metric in _CARD_METRICS.items() if not metric.is_rate
+}
+# Per-engine utilization: first metric id and how many engines of the kind nvml.h numbers.
+_ENGINE_IDS: Final[Mapping[MediaEngine, tuple[int, int]]] = {
+    MediaEngine.NVDEC: (30, 8),
+    MediaEngine.NVJPG: (40, 8),
+    MediaEngine.NVOFA: (50, 2),
+    MediaEngine.NVENC: (166, 4),
+}
+_ENGINE_METRICS: Final[Mapping[int, tuple[MediaEngine, int]]] = {
+    first + n: (engine, n) for engine, (first, count) in _ENGINE_IDS.items() for n in range(count)
+}
+
+
+_get = ctypes.Structure.__getattribute__  # the field accessors, without pynvml's printable-structure hooks
+_set = ctypes.Structure.__setattr__
+
+
+def _code(err: BaseException) -> int | None:
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+@dataclass
+class _Bracket:
+    """The sample that opens the next interval of one card or GPU instance, and a spare buffer for the next."""
+
+    opening: Any
+    spare: Any
+    opened_at: float | None = None  # monotonic time the opening sample was taken; None before the first
+    supported: bool = True
+
+
+class NvmlProfiling:
+    """GPM state and readings for :class:`exporter.backends.nvml.NvmlBackend` (which owns handles and errors)."""
+
+    def __init__(self, translate: Translate, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._translate = translate
+        self._monotonic = monotonic
+        self._lock = threading.Lock()  # guards the dictionaries only, never held across an NVML call
+        self._support: dict[int, bool] = {}
+        self._brackets: dict[tuple[int, int, str], _Bracket] = {}  # (gpu, gpu instance or -1, MIG uuid)
+
+    # --- public --------------------------------------------------------------------------------------------
+
+    def read(self, index: int, handle: Any, mig_instances: Iterable[MigInstance]) -> DeviceProfiling:
+        """GPM of the card and each MIG instance since the previous call, and encoder/decoder utilization."""
+        supported = self._gpm_supported(index, handle)
+        card: ProfilingSample | None = None
+        mig: dict[int, ProfilingSample] = {}
+        if supported:
+            instances = tuple(mig_instances)
+            # The card's own interval starts afresh when MIG instances come or go: a card that refused card-level
+            # samples with MIG on is asked again once MIG is off, and no interval spans a mode change.
+            card_key = (index, -1, "mig" if instances else "")
+            card = self._interval(index, handle, card_key, _CARD_METRICS, engines=True)
+            live = {card_key}
+            for inst in instances:
+                key = (index, inst.gpu_instance_id, inst.uuid)
+                live.add(key)
+                reading = self._interval(index, handle, key, _MIG_METRICS, engines=False)
+                if reading is not None:
+                    mig[inst.gpu_instance_id] = reading
+            self._drop_gone(index, live)
+        return DeviceProfiling(
+            gpm_supported=supported,
+            card=card,
+            mig=MappingProxyType(mig),
+            encoder_utilization_ratio=self._codec("nvmlDeviceGetEncoderUtilization", handle),
+            decoder_utilization_ratio=self._codec("nvmlDeviceGetDecoderUtilization", handle),
+        )
+
+    def pcie_throughput(self, handle: Any, clock: Callable[[], float] = time.time) -> PcieThroughput:
+        """Both directions of ``nvmlDeviceGetPcieThroughput`` (KB/s over a 20 ms window each)."""
+        tx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        return PcieThroughput(
+            tx_bytes_per_second=UNSUPPORTED if isinstance(tx, Unsupported) else float(tx) * _KIB,
+            rx_bytes_per_second=UNSUPPORTED if isinstance(rx, Unsupported) else float(rx) * _KIB,
+            measured_at=clock(),
+        )
+
+    def forget(self) -> None:
+        """Free every sample buffer (the library is closing, or the card was reset)."""
+        with self._lock:
+            brackets, self._brackets = list(self._brackets.values()), {}
+            self._support.clear()
+        for bracket in brackets:
+            self._free(bracket)
+
+    # --- GPM -----------------------------------------------------------------------------------------------
+
+    def _gpm_supported(self, index: int, handle: Any) -> bool:
+        with self._lock:
+            known = self._support.get(index)
+        if known is not None:
+            return known
+        answer = self._optional("nvmlGpmQueryDeviceSupport", handle)
+        supported = not isinstance(answer, Unsupported) and bool(answer.isSupportedDevice)
+        with self._lock:
+            self._support[index] = supported
+        return supported
+
+    def _bracket(self, key: tuple[int, int, str]) -> _Bracket:
+        with self._lock:
+            bracket = self._brackets.get(key)
+        if bracket is not None:
+            return bracket
+        opening = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+        try:
+            spare = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+        except BackendError:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlGpmSampleFree(opening)
+            raise
+        bracket = _Bracket(opening, spare)
+        with self._lock:
+            self._brackets[key] = bracket
+        return bracket
+
+    def _interval(
+        self, index: int, handle: Any, key: tuple[int, int, str], ids: Mapping[int, ProfilingMetric], *, engines: bool
+    ) -> ProfilingSample | None:
+        bracket = self._bracket(key)
+        if not bracket.supported:
+            return None
+        now = self._monotonic()
+        if bracket.opened_at is not None and now - bracket.opened_at < MIN_INTERVAL_SECONDS:
+            return None
+        gi = key[1]
+        try:
+            if gi < 0:
+                pynvml.nvmlGpmSampleGet(handle, bracket.spare)
+            else:
+                pynvml.nvmlGpmMigSampleGet(handle, gi, bracket.spare)
+        except pynvml.NVMLError as err:
+            if _code(err) in _NOT_SUPPORTED:
+                bracket.supported = False  # e.g. card-level GPM while MIG is on: ask the instances only
+                return None
+            if gi >= 0 and _code(err) in _INSTANCE_GONE:
+                return None  # destroyed since it was listed; the next listing drops it
+            raise self._translate(err, "nvmlGpmMigSampleGet" if gi >= 0 else "nvmlGpmSampleGet") from err
+        opened_at = bracket.opened_at
+        bracket.opening, bracket.spare, bracket.opened_at = bracket.spare, bracket.opening, now
+        if opened_at is None:
+            return None  # the first sample only opens the interval
+        # after the swap: ``spare`` holds the older sample, ``opening`` the one just taken
+        wanted = [*ids, *(_ENGINE_METRICS if engines else ())]
+        values = self._metrics(bracket.spare, bracket.opening, wanted)
+        metrics = {ids[mid]: _convert(ids[mid], v) for mid, v in values.items() if mid in ids}
+        busy = {_ENGINE_METRICS[mid]: _clamp(v / 100.0) for mid, v in values.items() if mid in _ENGINE_METRICS}
+        return ProfilingSample(
+            interval_seconds=now - opened_at, metrics=MappingProxyType(metrics), engines=MappingProxyType(busy)
+        )
+
+    def _metrics(self, older: Any, newer: Any, ids: list[int]) -> dict[int, float]:
+        """One ``nvmlGpmMetricsGet`` over the two samples; metrics the device did not answer are left out.
+
+        pynvml's structures route every field access through a Python ``__getattribute__``; the ~45 slots are read
+        and written with ctypes' own accessors instead (a third of the call's Python cost)."""
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        slots = request.metrics
+        ids = ids[: len(slots)]
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(ids)
+        request.sample1, request.sample2 = older, newer
+        for slot, mid in enumerate(ids):
+            _set(slots[slot], "metricId", mid)
+        self._call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
+        out: dict[int, float] = {}
+        for slot in range(len(ids)):
+            metric = slots[slot]
+            value = _get(metric, "value")
+            if _get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS and math.isfinite(value):
+                out[_get(metric, "metricId")] = float(value)
+        return out
+
+    def _drop_gone(self, index: int, live: set[tuple[int, int, str]]) -> None:
+        """Free the samples of GPU instances (and card modes) that no longer exist on this card."""
+        with self._lock:
+            gone = [k for k in self._brackets if k[0] == index and k not in live]
+            dropped = [self._brackets.pop(k) for k in gone]
+        for bracket in dropped:
+            self._free(bracket)
+
+    @staticmethod
+    def _free(bracket: _Bracket) -> None:
+        for sample in (bracket.opening, bracket.spare):
+            with contextlib.suppress(pynvml.NVMLError):  # the library may already be shut down
+                pynvml.nvmlGpmSampleFree(sample)
+
+    # --- encoder / decoder ----------------------------------------------------------------------------------
+
+    def _codec(self, call: str, handle: Any) -> float | Unsupported:
+        answer = self._optional(call, handle)
+        if isinstance(answer, Unsupported):
+            return UNSUPPORTED
+        return _clamp(float(answer[0]) / 100.0)  # [utilization percent, sampling period us]
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as err:
+            raise self._translate(err, call) from err
+
+    def _optional(self, call: str, *args: Any) -> Any:
+        fn = getattr(pynvml, call, None)
+        if fn is None:  # an older nvidia-ml-py without this wrapper
+            return UNSUPPORTED
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as err:
+            if _code(err) in _NOT_SUPPORTED:
+                return UNSUPPORTED
+            raise self._translate(err, call) from err
+
+
+def _clamp(ratio: float) -> float:
+    return min(max(ratio, 0.0), 1.0)
+
+
+def _convert(metric: ProfilingMetric, value: float) -> float:
+    """Percent -> ratio 0-1; MiB/s -> bytes/s (never negative)."""
+    return max(value, 0.0) * _MIB if metric.is_rate else _clamp(value / 100.0)
+
+
+__all__ = ["MIN_INTERVAL_SECONDS", "NvmlProfiling"]
