@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-GPU validation in one run of about 5 minutes (--quick: about 3) on an NVIDIA machine. Reads only: it never
+# Real-GPU validation in one run of about 8 minutes (--quick: about 6) on an NVIDIA machine. Reads only: it never
 # changes MIG mode, clocks, power limit, compute mode or persistence mode (it records them before and after).
 #
 # Here, once:   bench/device_wheels.sh              (structlog, grpcio add-ons, nvitop-exporter ... into .whl/)
@@ -12,8 +12,9 @@
 # (bench/xid_registration.py); the backend contract suite on real NVML (pytest); the GPM check (bench/gpm_check.py:
 # profiling support and one sample per card, GPM call latency); then bench/device_check.py: the daemon on the real
 # backend for a minute, NVML overhead, bf16 matmul throughput with and without the daemon, and nvitop-exporter and
-# nvidia-smi beside it. Results land in $OUT (device_results.json, summary.txt, deviceallow.txt, mps_timing.json,
-# xid_registration.json, logs); the summary prints last.
+# nvidia-smi beside it; the TDM sharing experiment (bench/tdm_sharing.py). Results land in $OUT (device_results.json,
+# summary.txt, deviceallow.txt, mps_timing.json, xid_registration.json, tdm_sharing.json, logs); the summary prints
+# last.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 OUT=${OUT:-$PWD/.device/out}
@@ -62,6 +63,12 @@ echo "== XID event registration (reads only: event sets are made and freed, no c
 # whether the parent card's process list answers. JSON in $OUT/xid_registration.json.
 timeout 120 python3 bench/xid_registration.py --out "$OUT" 2>&1 | tee "$OUT/xid_registration.log"
 
+echo "== TDM sharing experiment (MPS only, through the daemon's API; records the card's settings before and after)"
+# Two partitions (30 %/2 GiB, 70 %/8 GiB) under each sharing policy: TFLOP/s alone and together, share error,
+# a client asking for 100 %, an allocation past the cap, a client as uid 1000 (nvidia-smi M+C). About 3 minutes.
+timeout 300 python3 bench/tdm_sharing.py --out "$OUT" 2>&1 | tee "$OUT/tdm_sharing.txt"
+tdm_rc=${PIPESTATUS[0]}
+
 echo "== contract tests on real NVML"
 XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_backend_contract.py \
   2>&1 | tee "$OUT/pytest.log" | tail -25
@@ -78,5 +85,6 @@ rc=$?
 [ "$deviceallow_rc" -eq 0 ] || rc=1
 [ "$mps_rc" -eq 0 ] || rc=1
 [ "$gpm_rc" -eq 0 ] || rc=1
+[ "$tdm_rc" -eq 0 ] || rc=1
 echo "device_check: exit $rc (results in $OUT)"
 exit $rc
