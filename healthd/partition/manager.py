@@ -29,6 +29,7 @@ from healthd.partition.mps import MpsDaemonSpec, MpsError, MpsSupervisor
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
 from healthd.partition.store import Store
+from healthd.validation import InvalidField, parse_gpu_ref, quote
 
 log = structlog.get_logger("partition")
 T = TypeVar("T")
@@ -374,7 +375,7 @@ class PartitionManager:
     def get(self, partition_id: str) -> PartitionRecord:
         record = self._records.get(partition_id)
         if record is None:
-            raise not_found(f"no partition {partition_id!r}")
+            raise not_found(f"no partition {quote(partition_id)}")
         return record
 
     def list_partitions(self, gpu_ref: str = "") -> list[PartitionRecord]:
@@ -553,18 +554,18 @@ class PartitionManager:
     # ----- helpers -----------------------------------------------------------------------------------------
 
     def resolve_gpu(self, ref: str) -> int:
-        ref = ref.strip()
-        if not ref:
-            raise invalid("gpu: give a GPU index, a GPU UUID, or 'any'")
-        if ref.isdigit():
-            index = int(ref)
-            if index >= len(self._infos):
-                raise not_found(f"gpu: no GPU {index} (this node has {len(self._infos)})")
-            return index
+        try:
+            parsed = parse_gpu_ref(ref)  # ASCII digits only: "٣" is not GPU 3
+        except InvalidField as exc:
+            raise invalid(str(exc)) from None
+        if parsed.index is not None:
+            if parsed.index >= len(self._infos):
+                raise not_found(f"gpu: no GPU {parsed.index} (this node has {len(self._infos)})")
+            return parsed.index
         for info in self._infos:
-            if info.uuid == ref:
+            if info.uuid.lower() == parsed.uuid.lower():
                 return info.index
-        raise not_found(f"gpu: no GPU with UUID {ref!r}")
+        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}")
 
     def _mps_spec(self, record: PartitionRecord) -> MpsDaemonSpec:
         return self.mps.spec_for(record.id, record.gpu_uuid, record.compute_percent, record.memory_mib)
