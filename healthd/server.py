@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from healthd.reflection import enable_reflection
 from healthd.rpc_guard import RequestGuard
-from healthd.transport import GrpcTls, secure_socket
+from healthd.transport import GrpcTls, secure_socket, server_credentials
 
 log = structlog.get_logger("grpc")
 
@@ -69,11 +69,7 @@ class GrpcServer:
             elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
             else:
-                credentials = grpc.ssl_server_credentials(
-                    [(self._tls.private_key, self._tls.cert_chain)],
-                    root_certificates=self._tls.client_ca,
-                    require_client_auth=True,
-                )
+                credentials = server_credentials(self._tls)
                 self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
         for path in self._sockets:

@@ -17,10 +17,11 @@ from typing import Any
 import grpc
 import structlog
 
-from healthd.config import HookSettings
+from healthd.config import ConfigError, HookSettings
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
+from healthd.transport import hook_channel, is_tcp, load_hook_tls
 
 log = structlog.get_logger("hook")
 
@@ -65,10 +66,23 @@ class HookDispatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        """unix: plaintext; HOST:PORT mutual TLS with the [hook] tls_* files (checked at start)."""
+        return hook_channel(target, load_hook_tls(self._s) if is_tcp(target) else None)
+
     async def _run(self, target: str) -> None:
         from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 
-        async with grpc.aio.insecure_channel(target) as channel:
+        while True:
+            try:
+                channel = self._channel(target)
+            except ConfigError as exc:  # a TLS file removed or broken since start: keep the items, try again
+                self.failures[target] = self.failures.get(target, 0) + 1
+                log.error("hook channel cannot be set up", target=target, error=str(exc))
+                await asyncio.sleep(self._s.backoff_max_seconds)
+                continue
+            break
+        async with channel:
             stub = hpb_grpc.ReplacementHookStub(channel)  # type: ignore[no-untyped-call]
             while True:
                 try:
