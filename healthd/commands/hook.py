@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from healthd.commands.args import check_positive_seconds
 from healthd.config import ConfigError, check_grpc_address
 from healthd.transport import GrpcTls, is_tcp, load_pem_files
 
@@ -23,6 +24,7 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         raise ValueError(str(exc)) from None
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
+    check_positive_seconds(args.command_timeout, "--command-timeout")
     tls = _server_tls(args)
     configure_logging(args.log_level)
 
