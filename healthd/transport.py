@@ -128,9 +128,14 @@ def hook_channel(target: str, tls: HookClientTls | None) -> grpc.aio.Channel:
         raise ConfigError(
             f"hook.endpoints: TCP endpoint {target} needs [hook] tls_ca_file, tls_cert_file, tls_key_file"
         )
+    return grpc.aio.secure_channel(target, *hook_credentials(tls))
+
+
+def hook_credentials(tls: HookClientTls) -> tuple[grpc.ChannelCredentials, list[tuple[str, str]]]:
+    """(credentials, channel options) for a TCP hook; for sync and asyncio channels alike."""
     credentials = grpc.ssl_channel_credentials(tls.ca, tls.private_key, tls.cert_chain)
     options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
-    return grpc.aio.secure_channel(target, credentials, options=options)
+    return credentials, options
 
 
 def server_credentials(tls: GrpcTls) -> grpc.ServerCredentials:

@@ -164,3 +164,28 @@ def test_check_config_and_hook_serve_refuse_plaintext_tcp(tmp_path: Path) -> Non
     assert out.stderr.strip().splitlines() == [
         "xpuctl: --listen 127.0.0.1:0: a TCP hook uses mutual TLS; give --tls-cert, --tls-key, --tls-client-ca"
     ]
+
+
+def test_alert_webhook_forwards_to_a_tcp_hook_over_mtls_only(
+    hook: TlsHook, certs: dict[str, Path], tmp_path: Path
+) -> None:
+    from healthd.alert_webhook import ForwardError, GrpcHookForwarder
+
+    target = f"127.0.0.1:{hook.port}"
+    tls = load_hook_tls(settings(hook.port, certs))
+    GrpcHookForwarder(target, tls=tls).report({"idempotency_key": "flt-aw", "fault_id": "flt-aw"})
+    assert (tmp_path / "ran.txt").read_text().split() == ["flt-aw"]
+    rogue = load_hook_tls(settings(hook.port, certs, client="rogue"))
+    with pytest.raises(ForwardError, match="UNAVAILABLE"):
+        GrpcHookForwarder(target, tls=rogue).report({"idempotency_key": "flt-rogue"})
+    with pytest.raises(ValueError, match="a TCP hook needs mutual TLS"):
+        GrpcHookForwarder(target)
+    out = subprocess.run(
+        [sys.executable, "-m", "healthd.cli", "alert-webhook", "serve", "--listen", "127.0.0.1:0", "--hook", target,
+         "--hook-tls-ca", str(certs["ca.crt"])],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"xpuctl: --hook {target}: a TCP hook is called with mutual TLS; give --hook-tls-cert, --hook-tls-key"
+    ]
