@@ -108,6 +108,23 @@ def test_hook_refuses_a_client_certificate_from_another_ca(
     assert not (tmp_path / "ran.txt").exists()
 
 
+def test_a_rotated_client_certificate_is_picked_up_without_a_restart(
+    hook: TlsHook, certs: dict[str, Path], pki: Pki, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "node.crt", tmp_path / "node.key"
+    cert.write_bytes(pki.rogue_client.cert)  # an expired/wrong certificate, say
+    key.write_bytes(pki.rogue_client.key)
+    hook_settings = replace(settings(hook.port, certs), tls_cert_file=cert, tls_key_file=key)
+    with DaemonThread(tmp_path / "state", tmp_path / "d.sock", hook=hook_settings) as d:
+        d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
+        target = hook_settings.endpoints[0]
+        wait_until(lambda: d.runtime.dispatcher.failures[target] >= 2, "deliveries to fail with the old certificate")
+        key.write_bytes(pki.client.key)  # the operator (or cert-manager) replaces the files in place
+        cert.write_bytes(pki.client.cert)
+        wait_until(lambda: d.runtime.dispatcher.delivered[target] == 1, "delivery with the new certificate")
+    assert len((tmp_path / "ran.txt").read_text().split()) == 1
+
+
 def test_hook_refuses_plaintext_and_a_wrong_server_name(hook: TlsHook, certs: dict[str, Path], pki: Pki) -> None:
     report = hpb.FaultReport(idempotency_key="flt-plain", fault_id="flt-plain")
     with grpc.insecure_channel(f"127.0.0.1:{hook.port}") as channel:
