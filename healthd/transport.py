@@ -76,7 +76,8 @@ def load_pem_files(cert_path: Path, key_path: Path, ca_path: Path, options: tupl
     try:
         ctx.load_cert_chain(cert_path, key_path)
     except ssl.SSLError as exc:
-        raise ConfigError(f"{cert_option}/{key_option}: not a matching PEM certificate and key: {exc.reason}") from None
+        both = f"{cert_option}/{key_option.rpartition('.')[2]}"  # transport.grpc_tls_cert_file/grpc_tls_key_file
+        raise ConfigError(f"{both}: not a matching PEM certificate and key: {exc.reason}") from None
     try:
         ctx.load_verify_locations(cadata=ca.decode("ascii", "replace"))
     except (ssl.SSLError, ValueError) as exc:

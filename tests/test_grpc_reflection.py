@@ -47,6 +47,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     asyncio.run_coroutine_threadsafe(server.stop(0.1), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+    loop.close()
     sim.close()
 
 

@@ -150,7 +150,7 @@ def test_tcp_endpoint_without_tls_is_a_config_error_naming_the_option(certs: dic
     assert load_hook_tls(tls) is not None
     broken = tmp_path / "broken.crt"
     broken.write_text("not a certificate")
-    with pytest.raises(ConfigError, match=r"^hook.tls_cert_file/hook.tls_key_file: not a matching PEM"):
+    with pytest.raises(ConfigError, match=r"^hook.tls_cert_file/tls_key_file: not a matching PEM"):
         load_hook_tls(replace(tls, tls_cert_file=broken))
     with pytest.raises(ConfigError, match=r"^hook.tls_ca_file: cannot read"):
         load_hook_tls(replace(tls, tls_ca_file=tmp_path / "missing.crt"))

@@ -44,7 +44,7 @@ def hook_tls(args: argparse.Namespace) -> HookClientTls | None:
     try:
         return load_hook_tls(settings)
     except ConfigError as exc:
-        raise ValueError(re.sub(r"hook\.tls_(\w+)_file", r"--hook-tls-\1", str(exc))) from None
+        raise ValueError(re.sub(r"(?:hook\.)?tls_(\w+)_file", r"--hook-tls-\1", str(exc))) from None
 
 
 def cmd_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
