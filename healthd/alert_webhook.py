@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
+from healthd.transport import HookClientTls, hook_credentials, is_tcp
+
 log = structlog.get_logger("alert_webhook")
 
 ACTIONS = ("none", "restart_app", "reset_gpu", "reboot_node", "replace_node")
@@ -271,12 +273,17 @@ class GrpcHookForwarder:
     """Calls ``ReplacementHook.ReportFault`` on the hook; any gRPC failure is a ForwardError (the receiver answers
     503 and Alertmanager retries). The hook dedups on the idempotency key, so a retry never runs twice."""
 
-    def __init__(self, address: str, timeout_seconds: float = 10.0) -> None:
+    def __init__(self, address: str, timeout_seconds: float = 10.0, *, tls: HookClientTls | None = None) -> None:
         from healthd.api.v1 import hook_pb2_grpc
 
         self._address = address
         self._timeout = timeout_seconds
-        self._channel = grpc.insecure_channel(address)
+        if is_tcp(address):  # a hook over TCP is called with mutual TLS only, as the daemon calls it
+            if tls is None:
+                raise ValueError(f"--hook {address}: a TCP hook needs mutual TLS (--hook-tls-ca, -cert, -key)")
+            self._channel = grpc.secure_channel(address, *hook_credentials(tls))
+        else:
+            self._channel = grpc.insecure_channel(address)
         self._stub = hook_pb2_grpc.ReplacementHookStub(self._channel)  # type: ignore[no-untyped-call]
 
     def report(self, fault: Mapping[str, Any]) -> None:

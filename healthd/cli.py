@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from healthd.commands import COMMANDS
+from healthd.commands.args import Parser, check_positive_seconds
 from healthd.config import default_grpc_listen
 
 EXIT_USAGE = 2
@@ -43,7 +44,7 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xpuctl", description="Control a running xpu-healthd.")
+    p = Parser(prog="xpuctl", description="Control a running xpu-healthd.")
     p.add_argument(
         "--socket",
         default=os.environ.get("XPU_SOCKET", default_grpc_listen()),
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.params = [*args.params, *extra]
     func: Callable[[argparse.Namespace, grpc.Channel], int] = args.func
     try:
+        check_positive_seconds(args.timeout, "--timeout")
         with _channel(args) as channel:
             return func(args, channel)
     except ValueError as exc:

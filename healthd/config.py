@@ -91,6 +91,11 @@ class HookSettings:
     timeout_seconds: float = 30.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
+    # HOST:PORT endpoints are called with mutual TLS (unix: endpoints stay plaintext); all three files are required
+    tls_ca_file: Path | None = None  # CA that signed the hook's server certificate
+    tls_cert_file: Path | None = None  # this daemon's client certificate
+    tls_key_file: Path | None = None
+    tls_server_name: str = ""  # name to check in the hook's certificate; "" means the endpoint's host
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +450,10 @@ def parse_hook(table: Any) -> HookSettings:
         timeout_seconds=_number(table, "timeout_seconds", "hook", d.timeout_seconds, minimum=0.1, maximum=3600),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
+        tls_ca_file=_optional_path(table, "tls_ca_file", "hook"),
+        tls_cert_file=_optional_path(table, "tls_cert_file", "hook"),
+        tls_key_file=_optional_path(table, "tls_key_file", "hook"),
+        tls_server_name=_string(table, "tls_server_name", "hook.", d.tls_server_name),
     )
 
 

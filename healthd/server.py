@@ -1,4 +1,8 @@
-"""The daemon's gRPC server: our services plus standard health and reflection, on a unix socket (and TCP)."""
+"""The daemon's gRPC server: our services plus standard health and reflection, on a unix socket (and TCP).
+
+Every call passes the request guard (healthd/rpc_guard.py): a request that does not decode is INVALID_ARGUMENT and
+no handler exception reaches a client as Python text. Reflection answers in both the v1 and v1alpha protocols.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from healthd.transport import GrpcTls, secure_socket
+from healthd.reflection import enable_reflection
+from healthd.rpc_guard import RequestGuard
+from healthd.transport import GrpcTls, secure_socket, server_credentials
 
 log = structlog.get_logger("grpc")
 
@@ -51,12 +56,12 @@ class GrpcServer:
         self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestGuard()])
         for svc in self._services:
             svc.add(svc.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [svc.full_name for svc in self._services]
-        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        enable_reflection([*names, health.SERVICE_NAME], server)
         for address in self._addresses:
             if address.startswith("unix:"):
                 path = _prepare_socket_path(address[len("unix:") :])
@@ -65,11 +70,7 @@ class GrpcServer:
             elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
             else:
-                credentials = grpc.ssl_server_credentials(
-                    [(self._tls.private_key, self._tls.cert_chain)],
-                    root_certificates=self._tls.client_ca,
-                    require_client_auth=True,
-                )
+                credentials = server_credentials(self._tls)
                 self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
         for path in self._sockets:

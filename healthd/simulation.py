@@ -1,7 +1,14 @@
-"""gRPC Simulation service: inject faults into the simulated backend of a running daemon."""
+"""gRPC Simulation service: inject faults into the simulated backend of a running daemon.
+
+Every parameter is checked here before the backend sees it: known names only, numbers in ASCII digits within a
+range the simulated node can hold (an XID of 10**100 or a pid of "٣" never reaches the fault journal), names as
+Kubernetes would accept them, and a length cap on everything.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -10,39 +17,105 @@ from exporter.backends.protocol import Backend
 from exporter.backends.simulated import FAULT_PARAMS, SimulatedBackend
 from healthd.api.v1 import simulation_pb2 as pb
 from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+from healthd.rpc_errors import failed_precondition, from_invalid_field, invalid_argument, not_found
+from healthd.validation import InvalidField, check_ascii_token, parse_ascii_uint, quote
+
+MAX_PARAMS = 16
+MAX_KIND_CHARS = 32
+MAX_TEXT_CHARS = 64
+COUNTER_MAX = 2**31 - 1
+# parameter -> (minimum, maximum) for integers; the backend applies its own rules on top (link exists, ...)
+INT_PARAMS: Mapping[str, tuple[int, int]] = {
+    "code": (1, 65535),
+    "corrected": (0, COUNTER_MAX),
+    "uncorrected": (0, COUNTER_MAX),
+    "link": (0, 255),
+    "crc": (0, COUNTER_MAX),
+    "replay": (0, COUNTER_MAX),
+    "recovery": (0, COUNTER_MAX),
+    "count": (0, COUNTER_MAX),
+    "pid": (1, 4194304),
+    "memory_mib": (0, 2**24),  # 16 TiB
+    "gpu_instance_id": (0, 65535),
+}
+RATIO_PARAMS = frozenset({"load"})
+DNS_LABEL_PARAMS = frozenset({"pod", "namespace", "container"})
+_RATIO = re.compile(r"[0-9]{1,3}(\.[0-9]{1,9})?|\.[0-9]{1,9}", re.ASCII)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+def check_params(kind: str, params: Mapping[str, str]) -> dict[str, str]:
+    """The parameters of ``kind`` with every value checked; numbers come back in canonical ASCII form."""
+    accepted = FAULT_PARAMS[kind]
+    if len(params) > MAX_PARAMS:
+        raise InvalidField("params", f"at most {MAX_PARAMS} parameters, got {len(params)}")
+    out: dict[str, str] = {}
+    for key, value in sorted(params.items()):
+        if key not in accepted:
+            names = ", ".join(sorted(accepted)) or "none"
+            raise InvalidField("params", f"fault {kind!r} does not take {quote(key, 32)} (accepted: {names})")
+        field = f"params.{key}"
+        if key in INT_PARAMS:
+            low, high = INT_PARAMS[key]
+            number = parse_ascii_uint(value, field, maximum=high)
+            if number < low:
+                raise InvalidField(field, f"must be at least {low}, got {number}")
+            out[key] = str(number)
+        elif key in RATIO_PARAMS:
+            if not _RATIO.fullmatch(value.strip()) or float(value) > 1.0:
+                raise InvalidField(field, f"expected a number from 0 to 1 (e.g. 0.5), got {quote(value, 32)}")
+            out[key] = value.strip()
+        elif key in DNS_LABEL_PARAMS:
+            if not _DNS_LABEL.fullmatch(value):
+                raise InvalidField(field, f"expected a lowercase DNS label (a-z, 0-9, '-'), got {quote(value, 70)}")
+            out[key] = value
+        else:
+            out[key] = check_ascii_token(value, field, max_chars=MAX_TEXT_CHARS)
+    return out
 
 
 class SimulationService(pb_grpc.SimulationServicer):
     def __init__(self, backend: Backend) -> None:
         self._sim = backend if isinstance(backend, SimulatedBackend) else None
 
-    async def _require_sim(self, context: grpc.aio.ServicerContext) -> SimulatedBackend:
+    def _require_sim(self) -> SimulatedBackend:
         if self._sim is None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, "this daemon runs on real GPUs; fault injection needs --simulate"
+            raise failed_precondition(
+                "NOT_SIMULATED", "this daemon runs on real GPUs; fault injection needs --simulate"
             )
-        assert self._sim is not None
         return self._sim
 
+    def _check_gpu(self, sim: SimulatedBackend, gpu: int) -> None:
+        cards = len(sim.scenario.cards)
+        if gpu >= cards:
+            raise not_found("gpu", str(gpu), f"gpu {gpu} does not exist (this node has {cards})")
+
     async def InjectFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        sim = await self._require_sim(context)
+        sim = self._require_sim()
         try:
-            description = sim.inject(request.kind, request.gpu, dict(request.params))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            kind = check_ascii_token(request.kind, "kind", max_chars=MAX_KIND_CHARS, required=True)
+            if kind not in FAULT_PARAMS:
+                known = ", ".join(sorted(FAULT_PARAMS))
+                raise InvalidField("kind", f"unknown fault kind {quote(kind)}; known: {known}")
+            params = check_params(kind, request.params)
+        except InvalidField as exc:
+            raise from_invalid_field(exc) from None
+        self._check_gpu(sim, request.gpu)
+        try:
+            description = sim.inject(kind, request.gpu, params)
+        except ValueError as exc:  # the backend's own rules (a link that does not exist, a pid not running, ...)
+            raise invalid_argument("params", str(exc)) from None
         return pb.InjectFaultResponse(description=description)
 
     async def ClearFaults(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        sim = await self._require_sim(context)
+        sim = self._require_sim()
         gpu = request.gpu if request.HasField("gpu") else None
-        if gpu is not None and gpu >= len(sim.scenario.cards):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"gpu {gpu} does not exist (this node has {len(sim.scenario.cards)})"
-            )
+        if gpu is not None:
+            self._check_gpu(sim, gpu)
         return pb.ClearFaultsResponse(description=sim.clear(gpu))
 
     async def ListFaultKinds(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self._require_sim(context)
+        self._require_sim()
         return pb.ListFaultKindsResponse(
             kinds=[pb.FaultKind(kind=k, params=sorted(v)) for k, v in sorted(FAULT_PARAMS.items())]
         )

@@ -13,6 +13,8 @@ from exporter.topology.model import Gpu, Link, LinkKind, Nic, PcieLocation, Topo
 from exporter.topology.refresher import RefreshStatus
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
+from healthd.rpc_errors import failure, from_invalid_field, invalid_argument, not_found, unavailable
+from healthd.validation import InvalidField, parse_gpu_ref, quote
 
 _KIND_TO_PB = {kind: getattr(pb, f"LINK_KIND_{kind.name}") for kind in LinkKind}
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
@@ -132,32 +134,35 @@ class TopologyService(pb_grpc.TopologyServicer):
         topology = self._latest()
         if topology is None:
             why = self._status().last_error or "first collection under way"
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"topology not collected yet: {why}")
-        assert topology is not None
+            raise unavailable("TOPOLOGY_NOT_COLLECTED", f"topology not collected yet: {quote(why, 300)}")
         return topology
 
     async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return topology_to_pb(await self._topology(context))
 
     async def PreferredAllocation(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        topology = await self._topology(context)
-        if len(request.available) > MAX_IDS or len(request.must_include) > MAX_IDS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_IDS} device ids per list")
+        for field in ("available", "must_include"):
+            if len(getattr(request, field)) > MAX_IDS:
+                raise invalid_argument(field, f"at most {MAX_IDS} device ids")
         if request.count == 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "count: must be at least 1")
+            raise invalid_argument("count", "must be at least 1")
+        topology = await self._topology(context)
         try:
             available = resolve_ids(topology, request.available, "available")
             must = resolve_ids(topology, request.must_include, "must_include")
+        except InvalidField as exc:
+            raise from_invalid_field(exc) from None
         except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            field, name, message = exc.args
+            raise not_found("gpu", name, message, field=field) from None
         try:
             # exact search can take ~0.1 s for 16 cards: keep it off the event loop
             alloc = await asyncio.to_thread(preferred_allocation, topology, request.count, available, must)
         except AllocationError as exc:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "exhausted" else grpc.StatusCode.INVALID_ARGUMENT
-            await context.abort(code, str(exc))
+            if exc.reason == "exhausted":
+                raise failure(grpc.StatusCode.RESOURCE_EXHAUSTED, "NOT_ENOUGH_GPUS", str(exc)) from None
+            field = "must_include" if str(exc).startswith("must_include") else "count"
+            raise invalid_argument(field, str(exc)) from None
         return pb.PreferredAllocationResponse(
             gpus=list(alloc.gpus),
             uuids=list(alloc.uuids),
@@ -172,21 +177,21 @@ class TopologyService(pb_grpc.TopologyServicer):
 
 
 def resolve_ids(topology: Topology, ids: Sequence[str], field: str) -> list[int]:
-    """GPU indices ("3") or UUIDs -> indices. ValueError for malformed ids, LookupError for unknown ones."""
+    """GPU indices ("3") or UUIDs -> indices. InvalidField for malformed ids; LookupError(field, id, message) for
+    unknown ones. Only ASCII digits make an index ("٣" is not GPU 3)."""
     by_uuid = {g.uuid.lower(): g.index for g in topology.gpus}
     indices = {g.index for g in topology.gpus}
     out: list[int] = []
     for raw in ids:
-        text = raw.strip()
-        if text.isdigit() and len(text) <= 6:
-            index = int(text)
-            if index not in indices:
-                raise LookupError(f"{field}: no GPU {index} on this node ({len(indices)} GPUs)")
-        elif text.lower().startswith("gpu-"):
-            if text.lower() not in by_uuid:
-                raise LookupError(f"{field}: no GPU with UUID {text[:64]!r} on this node")
-            index = by_uuid[text.lower()]
+        ref = parse_gpu_ref(raw, field)
+        if ref.index is not None:
+            if ref.index not in indices:
+                raise LookupError(
+                    field, str(ref.index), f"{field}: no GPU {ref.index} on this node ({len(indices)} GPUs)"
+                )
+            out.append(ref.index)
+        elif ref.uuid.lower() in by_uuid:
+            out.append(by_uuid[ref.uuid.lower()])
         else:
-            raise ValueError(f"{field}: expected a GPU index or a GPU-... UUID, got {text[:64]!r}")
-        out.append(index)
+            raise LookupError(field, ref.uuid, f"{field}: no GPU with UUID {quote(ref.uuid)} on this node")
     return out

@@ -1,7 +1,8 @@
-"""Transport security from the [transport] settings: mTLS for TCP gRPC, socket ownership, the /metrics web config.
+"""Transport security: mTLS for TCP gRPC (the daemon's listeners, its calls to the replacement hook, and the
+reference hook server), socket ownership, the /metrics web config.
 
 Checked at start and by ``--check-config``, so a missing or broken certificate is reported with the option's name
-before anything listens.
+before anything listens or dials. Unix sockets stay plaintext: the kernel checks who may connect.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import structlog
 
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
-from healthd.config import Config, ConfigError, TransportSettings
+from healthd.config import Config, ConfigError, HookSettings, TransportSettings
 
 log = structlog.get_logger("transport")
 
@@ -59,24 +61,89 @@ def load_grpc_tls(settings: TransportSettings, tcp_addresses: list[str]) -> Grpc
                 "(set grpc_tls_cert_file, grpc_tls_key_file and grpc_tls_client_ca_file in [transport])"
             )
     cert_path, key_path, ca_path = (p for p in files.values() if p is not None)
-    cert, key, ca = (
-        _read(cert_path, "transport.grpc_tls_cert_file"),
-        _read(key_path, "transport.grpc_tls_key_file"),
-        _read(ca_path, "transport.grpc_tls_client_ca_file"),
-    )
-    # grpc reports bad PEM only as a failed bind; check with the ssl module first for a message that names the file
+    names = ("transport.grpc_tls_cert_file", "transport.grpc_tls_key_file", "transport.grpc_tls_client_ca_file")
+    cert, key, ca = load_pem_files(cert_path, key_path, ca_path, names)
+    return GrpcTls(cert, key, ca)
+
+
+def load_pem_files(cert_path: Path, key_path: Path, ca_path: Path, options: tuple[str, str, str]) -> tuple[bytes, ...]:
+    """(certificate chain, key, CA) as PEM bytes, each checked; ConfigError names the option (or flag) at fault."""
+    cert_option, key_option, ca_option = options
+    cert, key, ca = _read(cert_path, cert_option), _read(key_path, key_option), _read(ca_path, ca_option)
+    # grpc reports bad PEM only as a failed bind or handshake; check with the ssl module first for a message that
+    # names the file
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(cert_path, key_path)
     except ssl.SSLError as exc:
-        raise ConfigError(
-            f"transport.grpc_tls_cert_file/grpc_tls_key_file: not a matching PEM certificate and key: {exc.reason}"
-        ) from None
+        both = f"{cert_option}/{key_option.rpartition('.')[2]}"  # transport.grpc_tls_cert_file/grpc_tls_key_file
+        raise ConfigError(f"{both}: not a matching PEM certificate and key: {exc.reason}") from None
     try:
         ctx.load_verify_locations(cadata=ca.decode("ascii", "replace"))
     except (ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"transport.grpc_tls_client_ca_file: not a PEM CA certificate: {exc}") from None
-    return GrpcTls(cert, key, ca)
+        raise ConfigError(f"{ca_option}: not a PEM CA certificate: {exc}") from None
+    return cert, key, ca
+
+
+@dataclass(frozen=True, slots=True)
+class HookClientTls:
+    """What the daemon presents to, and checks in, a HOST:PORT replacement hook."""
+
+    ca: bytes
+    cert_chain: bytes
+    private_key: bytes
+    server_name: str = ""
+
+    def __repr__(self) -> str:
+        return f"HookClientTls(<ca>, <cert>, <key>, server_name={self.server_name!r})"
+
+
+def load_hook_tls(settings: HookSettings) -> HookClientTls | None:
+    """The client mTLS material when a hook endpoint is HOST:PORT; ConfigError naming the option otherwise."""
+    tcp = [e for e in settings.endpoints if is_tcp(e)]
+    if not tcp:
+        return None
+    files = {
+        "hook.tls_ca_file": settings.tls_ca_file,
+        "hook.tls_cert_file": settings.tls_cert_file,
+        "hook.tls_key_file": settings.tls_key_file,
+    }
+    for option, path in files.items():
+        if path is None:
+            raise ConfigError(
+                f"hook.endpoints: TCP endpoint {tcp[0]} is called with mTLS, but {option} is not set "
+                "(set tls_ca_file, tls_cert_file and tls_key_file in [hook], or use a unix: endpoint)"
+            )
+    ca_path, cert_path, key_path = (p for p in files.values() if p is not None)
+    cert, key, ca = load_pem_files(
+        cert_path, key_path, ca_path, ("hook.tls_cert_file", "hook.tls_key_file", "hook.tls_ca_file")
+    )
+    return HookClientTls(ca=ca, cert_chain=cert, private_key=key, server_name=settings.tls_server_name)
+
+
+def hook_channel(target: str, tls: HookClientTls | None) -> grpc.aio.Channel:
+    """A channel to one hook endpoint: plaintext on a unix socket, mutual TLS over TCP (never plaintext TCP)."""
+    if not is_tcp(target):
+        return grpc.aio.insecure_channel(target)
+    if tls is None:
+        raise ConfigError(
+            f"hook.endpoints: TCP endpoint {target} needs [hook] tls_ca_file, tls_cert_file, tls_key_file"
+        )
+    return grpc.aio.secure_channel(target, *hook_credentials(tls))
+
+
+def hook_credentials(tls: HookClientTls) -> tuple[grpc.ChannelCredentials, list[tuple[str, str]]]:
+    """(credentials, channel options) for a TCP hook; for sync and asyncio channels alike."""
+    credentials = grpc.ssl_channel_credentials(tls.ca, tls.private_key, tls.cert_chain)
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    return credentials, options
+
+
+def server_credentials(tls: GrpcTls) -> grpc.ServerCredentials:
+    """Server side of mTLS: a client without a certificate signed by the CA is refused in the handshake."""
+    return grpc.ssl_server_credentials(
+        [(tls.private_key, tls.cert_chain)], root_certificates=tls.client_ca, require_client_auth=True
+    )
 
 
 def load_metrics_web_config(settings: TransportSettings) -> WebConfig | None:
@@ -93,6 +160,7 @@ def check_transport(config: Config) -> None:
     """Everything --check-config can verify about transport security without binding anything."""
     load_grpc_tls(config.transport, [a for a in config.grpc_addresses if is_tcp(a)])
     load_metrics_web_config(config.transport)
+    load_hook_tls(config.hook)
 
 
 def socket_group_id(name: str) -> int | None:

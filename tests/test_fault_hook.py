@@ -159,8 +159,8 @@ def test_hook_answers_any_report_with_ok_or_invalid_argument(tmp_path: Path) -> 
                 key=st.one_of(st.just(""), text),
                 node_name=text,
                 seq=st.one_of(st.sampled_from([0, 2**63 - 1, 2**63, 2**64 - 1]), st.integers(0, 2**64 - 1)),
-                fault_json=st.one_of(st.just(""), st.just("{"), text),
-                gpu_index=st.integers(-(2**31), 2**31 - 1),
+                fault_json=st.one_of(st.sampled_from(["", "{", "[" * 100000, '"a"', "[]"]), text),
+                gpu_index=st.one_of(st.integers(-2, 8), st.integers(-(2**31), 2**31 - 1)),
                 message=text,
             )
             def check(key: str, node_name: str, seq: int, fault_json: str, gpu_index: int, message: str) -> None:
@@ -168,11 +168,19 @@ def test_hook_answers_any_report_with_ok_or_invalid_argument(tmp_path: Path) -> 
                     idempotency_key=key, node_name=node_name, seq=seq, fault_json=fault_json,
                     gpu_index=gpu_index, message=message,
                 )  # fmt: skip
-                valid = 0 < len(key) <= 256 and key.isprintable() and seq < 2**63
+                valid = (
+                    0 < len(key) <= 256
+                    and key.isprintable()
+                    and seq < 2**63
+                    and len(node_name) <= 1024
+                    and node_name.isprintable()
+                    and gpu_index >= -1
+                )
                 if not valid:
                     with pytest.raises(grpc.RpcError) as err:
                         stub.ReportFault(request, timeout=30)
                     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert len(err.value.details()) < 1000
                     return
                 stub.ReportFault(request, timeout=30)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import threading
 from pathlib import Path
@@ -11,17 +12,44 @@ import grpc
 
 from exporter.http import parse_listen_address
 from healthd.alert_webhook import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
+from healthd.config import ConfigError, HookSettings
 from healthd.logs import configure_logging
+from healthd.transport import HookClientTls, is_tcp, load_hook_tls
 
 
-def grpc_forwarder_factory() -> ForwarderFactory | None:
-    """The ReplacementHook client used for ``--hook``."""
-    return GrpcHookForwarder
+def grpc_forwarder_factory(tls: HookClientTls | None = None) -> ForwarderFactory | None:
+    """The ReplacementHook client used for ``--hook`` (mutual TLS with ``tls`` when the hook is HOST:PORT)."""
+    return lambda address: GrpcHookForwarder(address, tls=tls)
+
+
+def hook_tls(args: argparse.Namespace) -> HookClientTls | None:
+    """--hook-tls-* as the daemon's [hook] tls_* settings; checked now, so a bad file is named before serving."""
+    if not args.hook or not is_tcp(args.hook):
+        return None
+    flags = {
+        "--hook-tls-ca": args.hook_tls_ca,
+        "--hook-tls-cert": args.hook_tls_cert,
+        "--hook-tls-key": args.hook_tls_key,
+    }
+    missing = [flag for flag, path in flags.items() if path is None]
+    if missing:
+        raise ValueError(f"--hook {args.hook}: a TCP hook is called with mutual TLS; give {', '.join(missing)}")
+    settings = HookSettings(
+        endpoints=(args.hook,),
+        tls_ca_file=args.hook_tls_ca,
+        tls_cert_file=args.hook_tls_cert,
+        tls_key_file=args.hook_tls_key,
+        tls_server_name=args.hook_tls_server_name or "",
+    )
+    try:
+        return load_hook_tls(settings)
+    except ConfigError as exc:
+        raise ValueError(re.sub(r"(?:hook\.)?tls_(\w+)_file", r"--hook-tls-\1", str(exc))) from None
 
 
 def cmd_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     address = parse_listen_address(args.listen, default_port=9411)
-    forwarder = make_forwarder(args.hook, args.spool, grpc_forwarder_factory())
+    forwarder = make_forwarder(args.hook, args.spool, grpc_forwarder_factory(hook_tls(args)))
     configure_logging(args.log_level)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,5 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve_p.add_argument("--listen", default="127.0.0.1:9411", metavar="HOST:PORT", help="default %(default)s")
     serve_p.add_argument("--hook", metavar="ADDR", help="ReplacementHook gRPC address, unix:PATH or HOST:PORT")
     serve_p.add_argument("--spool", type=Path, metavar="FILE", help="append faults as JSON lines instead")
+    for flag, what in (
+        ("--hook-tls-ca", "CA that signed the hook's certificate"),
+        ("--hook-tls-cert", "client certificate"),
+        ("--hook-tls-key", "client key"),
+    ):
+        serve_p.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --hook only (required there): {what} (PEM)")
+    serve_p.add_argument("--hook-tls-server-name", metavar="NAME", help="name to check in the hook's certificate")
     serve_p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve_p.set_defaults(func=cmd_serve)

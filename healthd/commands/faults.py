@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from healthd.commands import args as argtypes
 from healthd.faults.model import Action, Severity
 
 RECONNECT_MAX_SECONDS = 10.0
@@ -111,17 +112,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     faults = sub.add_parser("faults", help="list or watch the daemon's faults")
     faults_sub = faults.add_subparsers(dest="action", required=True)
     lst = faults_sub.add_parser("list", help="faults, oldest change first")
-    lst.add_argument("--gpu", help="GPU index or uuid")
+    lst.add_argument("--gpu", type=argtypes.gpu_ref(), help="GPU index or uuid")
     lst.add_argument("--check", help="check name, e.g. xid, ecc")
     lst.add_argument("--state", choices=["active", "resolved"])
     lst.add_argument("--min-action", help="none, restart_app, reset_gpu, reboot_node, replace_node")
     lst.add_argument("--min-severity", help="info, warning, critical, fatal")
-    lst.add_argument("--limit", type=int, default=0, help="at most this many (default 1000)")
+    lst.add_argument("--limit", type=argtypes.uint(10000), default=0, help="at most this many (default 1000)")
     lst.add_argument("--json", action="store_true", help="print the reply as JSON")
     lst.set_defaults(func=cmd_faults_list)
     watch = faults_sub.add_parser("watch", help="stream fault records as they happen (Ctrl-C to stop)")
-    watch.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this sequence number")
-    watch.add_argument("--count", type=int, default=0, help="exit after this many records (default: never)")
+    watch.add_argument(
+        "--after", type=argtypes.uint(2**64 - 1), default=0, metavar="SEQ", help="start after this sequence number"
+    )
+    watch.add_argument(
+        "--count", type=argtypes.uint(2**63), default=0, help="exit after this many records (default: never)"
+    )
     watch.set_defaults(func=cmd_faults_watch)
 
 

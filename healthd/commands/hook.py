@@ -9,7 +9,9 @@ from pathlib import Path
 
 import grpc
 
+from healthd.commands.args import check_positive_seconds
 from healthd.config import ConfigError, check_grpc_address
+from healthd.transport import GrpcTls, is_tcp, load_pem_files
 
 
 def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
@@ -22,6 +24,8 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         raise ValueError(str(exc)) from None
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
+    check_positive_seconds(args.command_timeout, "--command-timeout")
+    tls = _server_tls(args)
     configure_logging(args.log_level)
 
     async def main() -> None:
@@ -29,10 +33,32 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.listen, args.exec_command, args.state, command_timeout=args.command_timeout, stop=stop)
+        await serve(
+            args.listen, args.exec_command, args.state, command_timeout=args.command_timeout, stop=stop, tls=tls
+        )
 
     asyncio.run(main())
     return 0
+
+
+def _server_tls(args: argparse.Namespace) -> GrpcTls | None:
+    """The mTLS files of a TCP hook, checked now so a bad file is named before anything listens."""
+    flags = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-client-ca": args.tls_client_ca}
+    given = [flag for flag, path in flags.items() if path]
+    if not is_tcp(args.listen):
+        if given:
+            raise ValueError(f"{given[0]}: only for a TCP --listen (a unix socket is plaintext)")
+        return None
+    missing = [flag for flag, path in flags.items() if not path]
+    if missing:
+        raise ValueError(f"--listen {args.listen}: a TCP hook uses mutual TLS; give {', '.join(missing)}")
+    try:
+        cert, key, ca = load_pem_files(
+            args.tls_cert, args.tls_key, args.tls_client_ca, ("--tls-cert", "--tls-key", "--tls-client-ca")
+        )
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return GrpcTls(cert_chain=cert, private_key=key, client_ca=ca)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,4 +77,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--command-timeout", type=float, default=300.0, help="seconds before CMD is killed")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    for flag, what in (
+        ("--tls-cert", "the hook's server certificate"),
+        ("--tls-key", "its key"),
+        ("--tls-client-ca", "CA that signed the daemons' client certificates"),
+    ):
+        serve.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --listen only (required there): {what} (PEM)")
     serve.set_defaults(func=cmd_hook_serve)

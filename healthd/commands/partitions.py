@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf import json_format
 
+from healthd.commands import args as argtypes
+
 MODE_NAMES = {"none": "PARTITION_MODE_NONE", "tdm": "PARTITION_MODE_TDM", "mig": "PARTITION_MODE_MIG"}
 MODE_LABEL = {0: "?", 1: "none", 2: "tdm", 3: "mig"}
 
@@ -201,40 +203,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ps = parts.add_subparsers(dest="action", required=True)
 
     create = ps.add_parser("create", help="create a partition")
-    create.add_argument("--gpu", default="any", help="GPU index, UUID or 'any' (default)")
-    create.add_argument("--compute", type=int, default=0, help="compute quota, 1-100 percent of the card (0: no limit)")
-    create.add_argument("--memory", default="", help="memory cap, e.g. 8GiB or 512MiB (multiple of 128 MiB)")
-    create.add_argument("--owner-pid", type=int, default=0, help="owned by this process (reclaimed when it exits)")
+    create.add_argument("--gpu", type=argtypes.gpu_ref(allow_any=True), default="any", help="GPU index, UUID or 'any'")
+    create.add_argument(
+        "--compute", type=argtypes.uint(100), default=0, help="compute quota, 1-100 percent of the card (0: no limit)"
+    )
+    create.add_argument(
+        "--memory", type=argtypes.memory, default="", help="memory cap, e.g. 8GiB or 512MiB (multiple of 128 MiB)"
+    )
+    create.add_argument(
+        "--owner-pid", type=argtypes.uint(4194304, 1), default=0, help="owned by this process (reclaimed when it exits)"
+    )
     create.add_argument("--owner-container", default="", metavar="ID", help="owned by this container")
     create.add_argument("--cgroup-path", default="", help="the container's cgroup, relative to /sys/fs/cgroup")
     create.add_argument("--owner-pod", default="", metavar="NS/POD/CONTAINER", help="owned by this pod's container")
     create.add_argument("--owner-lease", default="", metavar="HOLDER", help="owned by a lease (default owner)")
-    create.add_argument("--ttl", type=float, default=0.0, help="lease seconds (0: the daemon's default)")
+    create.add_argument("--ttl", type=argtypes.seconds, default=0.0, help="lease seconds (0: the daemon's default)")
     create.add_argument("--request-id", default="", help="idempotency key: a retry returns the same partition")
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_create)
 
     lst = ps.add_parser("list", help="list partitions")
-    lst.add_argument("--gpu", default="", help="only this GPU")
+    lst.add_argument("--gpu", type=argtypes.gpu_ref(), default="", help="only this GPU (index or UUID)")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=cmd_list)
 
     get = ps.add_parser("get", help="show one partition with its environment")
-    get.add_argument("id")
+    get.add_argument("id", type=argtypes.partition_id)
     get.add_argument("--json", action="store_true")
     get.set_defaults(func=cmd_get)
 
     delete = ps.add_parser("delete", help="delete a partition")
-    delete.add_argument("id")
+    delete.add_argument("id", type=argtypes.partition_id)
     delete.set_defaults(func=cmd_delete)
 
     renew = ps.add_parser("renew", help="renew a lease-owned partition")
-    renew.add_argument("id")
-    renew.add_argument("--ttl", type=float, default=0.0, help="seconds (0: the daemon's default)")
+    renew.add_argument("id", type=argtypes.partition_id)
+    renew.add_argument("--ttl", type=argtypes.seconds, default=0.0, help="seconds (0: the daemon's default)")
     renew.set_defaults(func=cmd_renew)
 
     mode = ps.add_parser("mode", help="set a card's partition mode (none, tdm, mig)")
-    mode.add_argument("gpu", help="GPU index or UUID")
+    mode.add_argument("gpu", type=argtypes.gpu_ref(), help="GPU index or UUID")
     mode.add_argument("mode", choices=sorted(MODE_NAMES))
     mode.add_argument(
         "--sharing",
@@ -246,11 +254,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.set_defaults(func=cmd_mode)
 
     cap = ps.add_parser("capacity", help="allocated and free capacity per card")
-    cap.add_argument("--gpu", default="", help="only this GPU")
+    cap.add_argument("--gpu", type=argtypes.gpu_ref(), default="", help="only this GPU (index or UUID)")
     cap.add_argument("--json", action="store_true")
     cap.set_defaults(func=cmd_capacity)
 
     ex = ps.add_parser("exec", help="run a command inside a partition: xpuctl partitions exec ID -- CMD [ARGS]")
-    ex.add_argument("id")
+    ex.add_argument("id", type=argtypes.partition_id)
     ex.add_argument("command", nargs=argparse.REMAINDER)
     ex.set_defaults(func=cmd_exec)

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from healthd.commands import args as argtypes
+
 
 def _params(pairs: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -55,11 +57,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim_sub = sim.add_subparsers(dest="action", required=True)
     inject = sim_sub.add_parser("inject", help="inject a fault, e.g. `xpuctl simulate inject xid --gpu 3 code=79`")
     inject.add_argument("kind", help="fault kind (see `xpuctl simulate kinds`)")
-    inject.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
+    inject.add_argument("--gpu", type=argtypes.uint(65535), default=0, help="GPU index (default 0)")
     inject.add_argument("params", nargs="*", metavar="KEY=VALUE", help="fault parameters")
     inject.set_defaults(func=cmd_simulate_inject)
     clear = sim_sub.add_parser("clear", help="clear persistent faults (hangs, lost cards, links down)")
-    clear.add_argument("--gpu", type=int, default=None, help="only this GPU (default: all)")
+    clear.add_argument("--gpu", type=argtypes.uint(65535), default=None, help="only this GPU (default: all)")
     clear.set_defaults(func=cmd_simulate_clear)
     kinds = sim_sub.add_parser("kinds", help="list the fault kinds and their parameters")
     kinds.set_defaults(func=cmd_simulate_kinds)

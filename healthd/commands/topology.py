@@ -10,9 +10,7 @@ import argparse
 
 import grpc
 
-
-def _ids(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+from healthd.commands import args as argtypes
 
 
 def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
@@ -29,9 +27,7 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if args.preferred < 1:
         raise ValueError("--preferred: count must be at least 1")
     reply = stub.PreferredAllocation(
-        pb.PreferredAllocationRequest(
-            count=args.preferred, available=_ids(args.available), must_include=_ids(args.must_include)
-        ),
+        pb.PreferredAllocationRequest(count=args.preferred, available=args.available, must_include=args.must_include),
         timeout=args.timeout,
     )
     print(f"GPUs:       {','.join(str(g) for g in reply.gpus)}")
@@ -45,7 +41,15 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("topology", help="GPU/NIC topology matrix, or the best-connected set of N cards")
-    p.add_argument("--preferred", type=int, metavar="N", help="print the best-connected N cards and their NICs")
-    p.add_argument("--available", default="", metavar="IDS", help="comma-separated GPU indices or UUIDs (default all)")
-    p.add_argument("--must-include", default="", metavar="IDS", help="GPUs the set must contain")
+    p.add_argument(
+        "--preferred", type=argtypes.uint(1024, 1), metavar="N", help="print the best-connected N cards and their NICs"
+    )
+    p.add_argument(
+        "--available",
+        type=argtypes.gpu_ids,
+        default=[],
+        metavar="IDS",
+        help="comma-separated GPU indices or UUIDs (default all)",
+    )
+    p.add_argument("--must-include", type=argtypes.gpu_ids, default=[], metavar="IDS", help="GPUs the set must contain")
     p.set_defaults(func=cmd_topology)

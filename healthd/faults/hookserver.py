@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -32,6 +33,10 @@ import structlog
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
+from healthd.rpc_errors import from_invalid_field, unavailable
+from healthd.rpc_guard import RequestGuard
+from healthd.transport import GrpcTls, is_tcp, server_credentials
+from healthd.validation import InvalidField, check_text, quote
 
 log = structlog.get_logger("hookserver")
 
@@ -43,6 +48,14 @@ CREATE TABLE IF NOT EXISTS executions (
 """
 OUTPUT_TAIL = 2000
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer
+# Caps far above anything the daemon sends (a refused report is retried forever), far below what hurts: the values
+# named ENV_FIELDS go into the command's environment, where Linux allows 128 KiB per string.
+MAX_KEY_CHARS = 256
+MAX_NAME_CHARS = 1024
+MAX_MESSAGE_CHARS = 65536
+MAX_EVIDENCE_ITEMS = 256
+MAX_FAULT_JSON_CHARS = 1 << 20
+ENV_FIELDS = ("node_name", "check", "code", "severity", "action", "gpu_uuid", "pci_bus_id", "boot_id", "fault_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +116,44 @@ class ExecutionStore:
             )
 
 
+def check_report(request: Any) -> None:
+    """Every field of a FaultReport within its limits; InvalidField (-> INVALID_ARGUMENT) names the first bad one."""
+    check_text(request.idempotency_key, "idempotency_key", max_chars=MAX_KEY_CHARS, required=True)
+    if request.seq > MAX_SEQ:
+        raise InvalidField("seq", f"at most {MAX_SEQ}")
+    for field in ENV_FIELDS:
+        check_text(getattr(request, field), field, max_chars=MAX_NAME_CHARS)
+    if len(request.message) > MAX_MESSAGE_CHARS:
+        raise InvalidField("message", f"at most {MAX_MESSAGE_CHARS} characters, got {len(request.message)}")
+    if request.gpu_index < -1:
+        raise InvalidField("gpu_index", f"a GPU index, or -1 for node-wide, got {request.gpu_index}")
+    if len(request.evidence) > MAX_EVIDENCE_ITEMS:
+        raise InvalidField("evidence", f"at most {MAX_EVIDENCE_ITEMS} entries, got {len(request.evidence)}")
+    for key, value in request.evidence.items():
+        check_text(key, "evidence", max_chars=MAX_KEY_CHARS)
+        if len(value) > MAX_MESSAGE_CHARS:
+            raise InvalidField(f"evidence[{quote(key, 40)}]", f"at most {MAX_MESSAGE_CHARS} characters")
+    for field in ("first_seen", "last_seen"):
+        if not math.isfinite(getattr(request, field)):
+            raise InvalidField(field, "must be a finite unix time")
+    if len(request.fault_json) > MAX_FAULT_JSON_CHARS:
+        raise InvalidField("fault_json", f"at most {MAX_FAULT_JSON_CHARS} characters, got {len(request.fault_json)}")
+
+
+def _fault_from_json(text: str) -> dict[str, Any] | None:
+    """The stored fault when ``text`` is a JSON object; None otherwise (nesting too deep for the parser included)."""
+    if not text:
+        return None
+    try:
+        fault = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return fault if isinstance(fault, dict) else None
+
+
 def stdin_document(request: Any) -> bytes:
     """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
-    try:
-        fault = json.loads(request.fault_json) if request.fault_json else None
-    except ValueError:
-        fault = None
+    fault = _fault_from_json(request.fault_json)
     if fault is None:
         fault = {
             "id": request.fault_id,
@@ -139,13 +184,11 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         self._lock = asyncio.Lock()
 
     async def ReportFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        try:
+            check_report(request)
+        except InvalidField as exc:
+            raise from_invalid_field(exc) from None
         key = request.idempotency_key
-        if not key or len(key) > 256 or not key.isprintable():
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "idempotency_key: required, at most 256 printable characters"
-            )
-        if request.seq > MAX_SEQ:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seq: at most {MAX_SEQ}")
         async with self._lock:
             prior = await asyncio.to_thread(self._store.get, key)
             await asyncio.to_thread(
@@ -159,7 +202,7 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
             await asyncio.to_thread(self._store.finished, key, time.time(), code, outcome)
         log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
         if code != 0:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"hook command failed: {outcome}")
+            raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
         return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
 
     async def _run(self, request: Any, key: str) -> tuple[int, str]:
@@ -206,18 +249,33 @@ def _prepare_unix_socket(listen: str) -> None:
         path.unlink(missing_ok=True)  # a stale socket from a killed server
 
 
-async def serve(listen: str, command: str, state: Path, *, command_timeout: float, stop: asyncio.Event) -> None:
-    """Run the reference hook on ``listen`` (unix:PATH or HOST:PORT) until ``stop`` is set."""
+async def serve(
+    listen: str,
+    command: str,
+    state: Path,
+    *,
+    command_timeout: float,
+    stop: asyncio.Event,
+    tls: GrpcTls | None = None,
+) -> None:
+    """Run the reference hook on ``listen`` until ``stop`` is set: unix:PATH in plaintext, HOST:PORT only with mTLS
+    (``tls``), as a hook that can swap nodes must not take orders from whoever reaches the port."""
+    if is_tcp(listen) and tls is None:
+        raise ValueError(f"--listen {listen}: a TCP hook needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca)")
     store = ExecutionStore(state)
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RequestGuard()])
     hpb_grpc.add_ReplacementHookServicer_to_server(  # type: ignore[no-untyped-call]
         ReferenceHook(store, command, command_timeout=command_timeout), server
     )
     _prepare_unix_socket(listen)
-    if server.add_insecure_port(listen) == 0:
+    try:
+        port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
+    except RuntimeError as exc:  # how grpc reports a failed bind
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
+    if port == 0:
         raise OSError(f"cannot listen on {listen}")
     await server.start()
-    log.info("reference hook listening", address=listen, state=str(state))
+    log.info("reference hook listening", address=listen, port=port, tls=tls is not None, state=str(state))
     try:
         await stop.wait()
     finally:

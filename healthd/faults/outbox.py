@@ -9,6 +9,7 @@ hook sees the node's faults as they happened). The fault id is the idempotency k
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Callable
@@ -18,10 +19,11 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from healthd.config import HookSettings
+from healthd.config import ConfigError, HookSettings
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
+from healthd.transport import hook_channel, is_tcp, load_hook_tls
 
 T = TypeVar("T")
 log = structlog.get_logger("hook")
@@ -72,19 +74,47 @@ class HookDispatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        """unix: plaintext; HOST:PORT mutual TLS with the [hook] tls_* files (checked at start)."""
+        return hook_channel(target, load_hook_tls(self._s) if is_tcp(target) else None)
+
+    def _tls_files(self, target: str) -> tuple[tuple[str, int, int], ...]:
+        """(path, mtime, size) of the TLS files a TCP target uses: when they change (a rotated certificate), the
+        channel is made again with the new ones, without a daemon restart."""
+        if not is_tcp(target):
+            return ()
+        stamps = []
+        for path in (self._s.tls_ca_file, self._s.tls_cert_file, self._s.tls_key_file):
+            try:
+                st = os.stat(path) if path is not None else None
+            except OSError:
+                st = None
+            stamps.append((str(path), st.st_mtime_ns if st else -1, st.st_size if st else -1))
+        return tuple(stamps)
+
     async def _run(self, target: str) -> None:
         from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = hpb_grpc.ReplacementHookStub(channel)  # type: ignore[no-untyped-call]
-            while True:
-                try:
-                    await self._step(target, stub)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("hook dispatcher step failed", target=target)
-                    await asyncio.sleep(self._s.backoff_initial_seconds)
+        while True:
+            files = self._tls_files(target)
+            try:
+                channel = self._channel(target)
+            except ConfigError as exc:  # a TLS file removed or broken since start: keep the items, try again
+                self.failures[target] = self.failures.get(target, 0) + 1
+                log.error("hook channel cannot be set up", target=target, error=str(exc))
+                await asyncio.sleep(self._s.backoff_max_seconds)
+                continue
+            async with channel:
+                stub = hpb_grpc.ReplacementHookStub(channel)  # type: ignore[no-untyped-call]
+                while self._tls_files(target) == files:
+                    try:
+                        await self._step(target, stub)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("hook dispatcher step failed", target=target)
+                        await asyncio.sleep(self._s.backoff_initial_seconds)
+            log.info("hook TLS files changed; reconnecting with them", target=target)
 
     async def _step(self, target: str, stub: Any) -> None:
         seen = self._signal.seq

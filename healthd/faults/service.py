@@ -16,26 +16,22 @@ from healthd.faults.engine import FaultEngine
 from healthd.faults.fault import FaultFilter, FaultState
 from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
+from healthd.rpc_errors import failure, from_invalid_field
+from healthd.validation import InvalidField, check_ascii_token, parse_gpu_ref
 
 T = TypeVar("T")
 SERVICE_NAME = "xpu.runtime.v1.Health"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
-MAX_FILTER_CHARS = 256
+MAX_CHECK_CHARS = 64
 REPLAY_BATCH = 500
 MAX_SEQ = 2**63 - 1
 
 
-class FilterError(ValueError):
-    pass
-
-
 def parse_filter(request: Any) -> FaultFilter:
-    """ListFaultsRequest -> FaultFilter; FilterError (-> INVALID_ARGUMENT) names the bad field."""
-    if len(request.gpu) > MAX_FILTER_CHARS:
-        raise FilterError(f"gpu: at most {MAX_FILTER_CHARS} characters")
-    if len(request.check) > MAX_FILTER_CHARS:
-        raise FilterError(f"check: at most {MAX_FILTER_CHARS} characters")
+    """ListFaultsRequest -> FaultFilter; InvalidField (-> INVALID_ARGUMENT) names the bad field."""
+    gpu = "" if not request.gpu else str(parse_gpu_ref(request.gpu, "gpu"))  # "03" -> "3"; "٣" is refused
+    check = check_ascii_token(request.check, "check", max_chars=MAX_CHECK_CHARS)
     state: FaultState | None
     if request.state == 0:
         state = None
@@ -44,22 +40,22 @@ def parse_filter(request: Any) -> FaultFilter:
     elif request.state == 2:
         state = FaultState.RESOLVED
     else:
-        raise FilterError(f"state: unknown value {request.state}")
+        raise InvalidField("state", f"unknown value {request.state}")
     min_severity = None
     if request.min_severity != 0:
         if not 1 <= request.min_severity <= len(Severity):
-            raise FilterError(f"min_severity: unknown value {request.min_severity}")
+            raise InvalidField("min_severity", f"unknown value {request.min_severity}")
         min_severity = Severity(request.min_severity - 1)
     min_action = None
     if request.min_action != 0:
         if not 1 <= request.min_action <= len(Action):
-            raise FilterError(f"min_action: unknown value {request.min_action}")
+            raise InvalidField("min_action", f"unknown value {request.min_action}")
         min_action = Action(request.min_action - 1)
     if request.limit > MAX_LIMIT:
-        raise FilterError(f"limit: at most {MAX_LIMIT}, got {request.limit}")
+        raise InvalidField("limit", f"at most {MAX_LIMIT}, got {request.limit}")
     return FaultFilter(
-        gpu=request.gpu,
-        check=request.check,
+        gpu=gpu,
+        check=check,
         state=state,
         min_severity=min_severity,
         min_action=min_action,
@@ -95,8 +91,8 @@ class HealthService(pb_grpc.HealthServicer):
     async def ListFaults(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         try:
             flt = parse_filter(request)
-        except FilterError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidField as exc:
+            raise from_invalid_field(exc) from None
         last_seq = self._journal.last_seq
         faults = await self._read(self._journal.list_faults, flt)
         return pb.ListFaultsResponse(faults=[fault_pb(f) for f in faults], last_seq=last_seq)
@@ -104,9 +100,11 @@ class HealthService(pb_grpc.HealthServicer):
     async def WatchFaults(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
         last = request.after_seq
         if last > self._journal.last_seq:
-            await context.abort(
+            raise failure(
                 grpc.StatusCode.OUT_OF_RANGE,
+                "AFTER_SEQ_BEYOND_JOURNAL",
                 f"after_seq {last} is beyond the journal (last seq {self._journal.last_seq}); was the state reset?",
+                last_seq=str(self._journal.last_seq),
             )
         while True:
             records = await self._read(self._journal.records_after, last, REPLAY_BATCH)

@@ -42,6 +42,7 @@ from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
 from healthd.partition.sharing import CardSharing, SharingPolicy
 from healthd.partition.store import Store
+from healthd.validation import InvalidField, parse_gpu_ref, quote
 
 __all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View"]
 
@@ -495,7 +496,7 @@ class PartitionManager:
     def get(self, partition_id: str) -> PartitionRecord:
         record = self._records.get(partition_id)
         if record is None:
-            raise not_found(f"no partition {partition_id[:100]!r}")
+            raise not_found(f"no partition {quote(partition_id)}")
         return record
 
     def list_partitions(self, gpu_ref: str = "") -> list[PartitionRecord]:
@@ -663,17 +664,18 @@ class PartitionManager:
     # ----- helpers -----------------------------------------------------------------------------------------
 
     def resolve_gpu(self, ref: str) -> int:
-        ref = ref.strip()
-        if not ref:
-            raise invalid("gpu: give a GPU index, a GPU UUID, or 'any'")
-        if ref.isascii() and ref.isdigit():
-            if len(ref) > 6 or int(ref) >= len(self._infos):
-                raise not_found(f"gpu: no GPU {ref[:20]} (this node has {len(self._infos)})")
-            return int(ref)
+        try:
+            parsed = parse_gpu_ref(ref)  # ASCII digits only: "٣" is not GPU 3
+        except InvalidField as exc:
+            raise invalid(str(exc)) from None
+        if parsed.index is not None:
+            if parsed.index >= len(self._infos):
+                raise not_found(f"gpu: no GPU {parsed.index} (this node has {len(self._infos)})")
+            return parsed.index
         for info in self._infos:
-            if info.uuid == ref:
+            if info.uuid.lower() == parsed.uuid.lower():
                 return info.index
-        raise not_found(f"gpu: no GPU with UUID {ref[:100]!r}")
+        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}")
 
     def _card_sharing(self, gpu: int) -> CardSharing:
         return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from healthd.partition.errors import invalid
+from healthd.validation import quote
 
 
 class CardMode(enum.StrEnum):
@@ -28,8 +29,8 @@ class State(enum.StrEnum):
     DELETING = "deleting"  # delete started; the GPU side is being torn down (retried until it is gone)
 
 
-_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)  # used with fullmatch: "$" would let a "\n" through
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +59,16 @@ class Owner:
     def validate(self) -> None:
         match self.kind:
             case OwnerKind.CONTAINER:
-                if not _CONTAINER_ID.match(self.container_id):
-                    raise invalid(f"owner.container.id: expected 12-64 lowercase hex digits, got {self.container_id!r}")
+                if not _CONTAINER_ID.fullmatch(self.container_id):
+                    got = quote(self.container_id)
+                    raise invalid(f"owner.container.id: expected 12-64 lowercase hex digits, got {got}")
                 if self.cgroup_path and (".." in self.cgroup_path.split("/") or "\0" in self.cgroup_path):
-                    raise invalid(f"owner.container.cgroup_path: must stay under the cgroup root: {self.cgroup_path!r}")
+                    got = quote(self.cgroup_path)
+                    raise invalid(f"owner.container.cgroup_path: must stay under the cgroup root: {got}")
             case OwnerKind.POD:
                 for name, value in (("namespace", self.namespace), ("name", self.pod), ("container", self.container)):
-                    if not _DNS_LABEL.match(value):
-                        raise invalid(f"owner.pod.{name}: expected a Kubernetes name, got {value!r}")
+                    if not _DNS_LABEL.fullmatch(value):
+                        raise invalid(f"owner.pod.{name}: expected a Kubernetes name, got {quote(value)}")
             case OwnerKind.PROCESS:
                 if self.pid <= 0:
                     raise invalid(f"owner.process.pid: must be a positive PID, got {self.pid}")

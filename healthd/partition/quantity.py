@@ -5,25 +5,26 @@ from __future__ import annotations
 import re
 
 from healthd.partition.errors import invalid
+from healthd.validation import quote
 
 MEMORY_GRANULARITY_MIB = 128
 MIB = 2**20
-_MEMORY = re.compile(r"^\s*(\d{1,9})\s*(GiB|MiB)\s*$")
+_MEMORY = re.compile(r"\s*([0-9]{1,9})\s*(GiB|MiB)\s*", re.ASCII)  # ASCII digits only: "٣GiB" is not 3 GiB
 
 
 def parse_memory_mib(text: str) -> int:
     """Memory limit in MiB; 0 for "no limit" (empty or "0"). Raises PartitionError(INVALID) otherwise."""
     if text.strip() in ("", "0"):
         return 0
-    match = _MEMORY.match(text)
+    match = _MEMORY.fullmatch(text)
     if match is None:
-        raise invalid(f"memory: expected an integer with unit GiB or MiB (e.g. '8GiB', '512MiB'), got {text!r}")
+        raise invalid(f"memory: expected an integer with unit GiB or MiB (e.g. '8GiB', '512MiB'), got {quote(text)}")
     value, unit = int(match.group(1)), match.group(2)
     if value == 0:
         return 0
     mib = value * 1024 if unit == "GiB" else value
     if mib % MEMORY_GRANULARITY_MIB:
-        raise invalid(f"memory: {text!r} is not a multiple of {MEMORY_GRANULARITY_MIB} MiB")
+        raise invalid(f"memory: {quote(text)} is not a multiple of {MEMORY_GRANULARITY_MIB} MiB")
     return mib
 
 

@@ -8,31 +8,26 @@ file's mode and group on connect, which is what makes this hold.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import structlog
 
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
+from healthd.partition import requests as req
 from healthd.partition.edits import node_path
-from healthd.partition.errors import Kind, PartitionError
+from healthd.partition.errors import PartitionError
 from healthd.partition.manager import CardCapacity, CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
-from healthd.partition.quantity import MIB, check_compute_percent, parse_memory_mib
+from healthd.partition.quantity import MIB
 from healthd.partition.sharing import SharingPolicy
+from healthd.rpc_errors import failure, from_invalid_field
+from healthd.validation import InvalidField
 
 log = structlog.get_logger("partition.service")
-
-STATUS = {
-    Kind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    Kind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Kind.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    Kind.EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Kind.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
-    Kind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Kind.PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
-}
 
 MODES = {
     pb.PARTITION_MODE_NONE: CardMode.NONE,
@@ -45,24 +40,6 @@ SHARING = {
     pb.TDM_SHARING_ISOLATED: SharingPolicy.ISOLATED,
     pb.TDM_SHARING_SHARED: SharingPolicy.SHARED,
 }
-
-
-def owner_from_pb(owner: Any) -> tuple[Owner, float]:
-    """(Owner, lease ttl seconds)."""
-    which = owner.WhichOneof("kind")
-    if which == "container":
-        return Owner(OwnerKind.CONTAINER, container_id=owner.container.id, cgroup_path=owner.container.cgroup_path), 0
-    if which == "pod":
-        p = owner.pod
-        return Owner(OwnerKind.POD, namespace=p.namespace, pod=p.name, container=p.container), 0
-    if which == "process":
-        return Owner(OwnerKind.PROCESS, pid=owner.process.pid), 0
-    if which == "lease":
-        ttl = owner.lease.ttl_seconds
-        if ttl != ttl:  # NaN
-            raise PartitionError(Kind.INVALID, "owner.lease.ttl_seconds: not a number")
-        return Owner(OwnerKind.LEASE, holder=owner.lease.holder), ttl
-    raise PartitionError(Kind.INVALID, "owner: required (container, pod, process or lease)")
 
 
 def owner_to_pb(owner: Owner) -> Any:
@@ -142,89 +119,103 @@ def capacity_to_pb(c: CardCapacity) -> Any:
 
 
 class PartitionsService(pb_grpc.PartitionsServicer):
-    """One instance per socket: ``writable`` only on the admin socket."""
+    """One instance per socket: ``writable`` only on the admin socket.
+
+    Handlers raise RpcFailure (the server's guard turns it into the status with details); every request field is
+    checked in healthd/partition/requests.py before the manager sees it.
+    """
 
     def __init__(self, manager: PartitionManager, *, writable: bool) -> None:
         self._m = manager
         self._writable = writable
 
-    async def _fail(self, context: grpc.aio.ServicerContext, exc: PartitionError) -> NoReturn:
-        await context.abort(STATUS[exc.kind], exc.message)
-        raise AssertionError("abort returned")  # pragma: no cover
-
-    async def _require_write(self, context: grpc.aio.ServicerContext, what: str) -> None:
+    def _require_write(self, what: str) -> None:
         if not self._writable:
-            await context.abort(
+            raise failure(
                 grpc.StatusCode.PERMISSION_DENIED,
+                "READ_ONLY_SOCKET",
                 f"{what} changes partitions: use the admin socket (this socket serves reads only)",
             )
 
-    async def _guard(self, context: grpc.aio.ServicerContext, coro: Any) -> Any:
-        try:
-            return await coro
-        except PartitionError as exc:
-            await self._fail(context, exc)
-
     async def SetCardMode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self._require_write(context, "SetCardMode")
-        mode = MODES.get(request.mode)
-        if mode is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "mode: must be NONE, TDM or MIG")
-        assert mode is not None
-        if request.sharing not in SHARING:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sharing: must be DEFAULT, ISOLATED or SHARED")
-        cap = await self._guard(context, self._m.set_mode(request.gpu, mode, SHARING[request.sharing]))
-        return capacity_to_pb(cap)
+        self._require_write("SetCardMode")
+        with _checked():
+            gpu = req.gpu_ref(request.gpu)
+            mode = MODES.get(request.mode)
+            if mode is None:
+                raise InvalidField("mode", f"must be NONE, TDM or MIG, got {request.mode}")
+            if request.sharing not in SHARING:
+                raise InvalidField("sharing", f"must be DEFAULT, ISOLATED or SHARED, got {request.sharing}")
+        with _manager_errors(("gpu", str(gpu))):
+            return capacity_to_pb(await self._m.set_mode(str(gpu), mode, SHARING[request.sharing]))
 
     async def CreatePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self._require_write(context, "CreatePartition")
-
-        async def create() -> PartitionRecord:
-            owner, ttl = owner_from_pb(request.owner)
-            return await self._m.create(
-                CreateRequest(
-                    owner=owner,
-                    gpu=request.gpu,
-                    compute_percent=check_compute_percent(request.compute_percent),
-                    memory_mib=parse_memory_mib(request.memory),
-                    request_id=request.request_id,
-                    lease_ttl_seconds=ttl,
-                )
+        self._require_write("CreatePartition")
+        with _checked():
+            owner, ttl = req.owner_from_pb(request.owner)
+            create = CreateRequest(
+                owner=owner,
+                gpu=str(req.gpu_ref(request.gpu, allow_any=True)),
+                compute_percent=req.compute_percent(request.compute_percent),
+                memory_mib=req.memory_mib(request.memory),
+                request_id=req.request_id(request.request_id),
+                lease_ttl_seconds=ttl,
             )
-
-        record = await self._guard(context, create())
+        with _manager_errors(("gpu", create.gpu)):
+            record = await self._m.create(create)
         return partition_to_pb(self._m, record)
 
     async def GetPartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        try:
-            return partition_to_pb(self._m, self._m.get(request.id))
-        except PartitionError as exc:
-            await self._fail(context, exc)
+        with _checked():
+            pid = req.partition_id(request.id)
+        with _manager_errors(("partition", pid)):
+            return partition_to_pb(self._m, self._m.get(pid))
 
     async def ListPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        try:
-            records = self._m.list_partitions(request.gpu)
-        except PartitionError as exc:
-            await self._fail(context, exc)
+        with _checked():
+            gpu = req.gpu_ref(request.gpu, optional=True)
+        with _manager_errors(("gpu", str(gpu or ""))):
+            records = self._m.list_partitions(str(gpu or ""))
         return pb.ListPartitionsResponse(partitions=[partition_to_pb(self._m, r) for r in records])
 
     async def DeletePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self._require_write(context, "DeletePartition")
-        if not request.id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "id: required")
-        deleted = await self._guard(context, self._m.delete(request.id))
-        return pb.DeletePartitionResponse(id=request.id, deleted=deleted)
+        self._require_write("DeletePartition")
+        with _checked():
+            pid = req.partition_id(request.id)
+        with _manager_errors(("partition", pid)):
+            deleted = await self._m.delete(pid)
+        return pb.DeletePartitionResponse(id=pid, deleted=deleted)
 
     async def RenewLease(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self._require_write(context, "RenewLease")
-        if request.ttl_seconds != request.ttl_seconds:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ttl_seconds: not a number")
-        record = await self._guard(context, self._m.renew_lease(request.id, request.ttl_seconds))
+        self._require_write("RenewLease")
+        with _checked():
+            pid = req.partition_id(request.id)
+            ttl = req.ttl_seconds(request.ttl_seconds)
+        with _manager_errors(("partition", pid)):
+            record = await self._m.renew_lease(pid, ttl)
         return partition_to_pb(self._m, record)
 
     async def GetCapacity(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        try:
-            cards = self._m.capacity(request.gpu)
-        except PartitionError as exc:
-            await self._fail(context, exc)
+        with _checked():
+            gpu = req.gpu_ref(request.gpu, optional=True)
+        with _manager_errors(("gpu", str(gpu or ""))):
+            cards = self._m.capacity(str(gpu or ""))
         return pb.GetCapacityResponse(cards=[capacity_to_pb(c) for c in cards])
+
+
+@contextlib.contextmanager
+def _checked() -> Iterator[None]:
+    """Field checks: InvalidField -> INVALID_ARGUMENT with a BadRequest field violation."""
+    try:
+        yield
+    except InvalidField as exc:
+        raise from_invalid_field(exc) from None
+
+
+@contextlib.contextmanager
+def _manager_errors(resource: tuple[str, str]) -> Iterator[None]:
+    """Manager errors -> their status; NOT_FOUND names ``resource`` (type, name) in a ResourceInfo."""
+    try:
+        yield
+    except PartitionError as exc:
+        raise req.to_failure(exc, resource) from None

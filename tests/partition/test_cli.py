@@ -31,8 +31,13 @@ def test_create_list_exec_delete(daemon: Daemon, capsys: pytest.CaptureFixture[s
     assert "25%" in capsys.readouterr().out
     assert main(xpuctl(daemon, "create", "--gpu", "5", "--compute", "80")) == 1
     assert "RESOURCE_EXHAUSTED" in capsys.readouterr().err
-    assert main(xpuctl(daemon, "create", "--gpu", "5", "--memory", "100MiB")) == 1
-    assert "multiple of 128 MiB" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # checked by xpuctl before anything is sent
+        main(xpuctl(daemon, "create", "--gpu", "5", "--memory", "100MiB"))
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "xpuctl partitions create: argument --memory: '100MiB' is not a multiple of 128 MiB "
+        "(see xpuctl partitions create --help)"
+    ]
 
     # exec replaces the process: run it as a child and read the environment it got
     done = subprocess.run(

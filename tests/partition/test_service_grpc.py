@@ -128,7 +128,8 @@ def test_read_socket_refuses_writes(daemon: Daemon) -> None:
         ({"gpu": "0", "compute_percent": 10}, grpc.StatusCode.FAILED_PRECONDITION),  # mode none
         ({"gpu": "3", "compute_percent": 10, "owner": None}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"gpu": "3", "owner": pb.Owner(process=pb.ProcessOwner(pid=-4))}, grpc.StatusCode.INVALID_ARGUMENT),
-        ({"gpu": "3", "owner": pb.Owner(process=pb.ProcessOwner(pid=2**31 - 1))}, grpc.StatusCode.FAILED_PRECONDITION),
+        ({"gpu": "3", "owner": pb.Owner(process=pb.ProcessOwner(pid=4194304))}, grpc.StatusCode.FAILED_PRECONDITION),
+        ({"gpu": "3", "owner": pb.Owner(process=pb.ProcessOwner(pid=2**31 - 1))}, grpc.StatusCode.INVALID_ARGUMENT),
         ({"gpu": "3", "owner": pb.Owner(container=pb.ContainerOwner(id="XYZ"))}, grpc.StatusCode.INVALID_ARGUMENT),
         (
             {"gpu": "3", "owner": pb.Owner(container=pb.ContainerOwner(id="a" * 64, cgroup_path="../../etc"))},

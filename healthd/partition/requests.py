@@ -1,0 +1,129 @@
+"""Checks of Partitions requests before they reach the manager, and PartitionError -> gRPC status with details.
+
+Every field of every request is checked here: references to cards (ASCII digits or a GPU UUID), partition ids,
+owners, quotas, seconds and the idempotency key, each with a length cap. Errors quote at most 100 characters of
+what the client sent (healthd/validation.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import grpc
+
+from healthd.partition.errors import Kind, PartitionError
+from healthd.partition.model import Owner, OwnerKind
+from healthd.partition.quantity import check_compute_percent, parse_memory_mib
+from healthd.rpc_errors import RpcFailure, invalid_argument, not_found
+from healthd.validation import (
+    GpuRef,
+    InvalidField,
+    check_ascii_token,
+    check_seconds,
+    check_text,
+    parse_gpu_ref,
+    quote,
+)
+
+MAX_ID_CHARS = 64  # partition ids are "p-" + 12 hex digits; room for other schemes, none for abuse
+MAX_REQUEST_ID_CHARS = 128
+MAX_HOLDER_CHARS = 253
+MAX_CGROUP_PATH_CHARS = 4096  # PATH_MAX
+MAX_MEMORY_CHARS = 32
+MAX_PID = 4194304  # the kernel's largest pid_max
+MAX_TTL_SECONDS = 10 * 365 * 86400.0  # the manager applies its own (smaller) limit with its own message
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+_FIELD_PREFIX = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): (.+)", re.DOTALL)
+
+KIND_STATUS = {
+    Kind.INVALID: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+    Kind.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    Kind.PRECONDITION: (grpc.StatusCode.FAILED_PRECONDITION, "PARTITION_PRECONDITION"),
+    Kind.EXHAUSTED: (grpc.StatusCode.RESOURCE_EXHAUSTED, "CAPACITY_EXHAUSTED"),
+    Kind.CONFLICT: (grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
+    Kind.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, "GPU_UNAVAILABLE"),
+    Kind.PERMISSION: (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
+}
+
+
+def partition_id(value: str, field: str = "id") -> str:
+    return check_ascii_token(value, field, max_chars=MAX_ID_CHARS, required=True)
+
+
+def gpu_ref(value: str, field: str = "gpu", *, allow_any: bool = False, optional: bool = False) -> GpuRef | None:
+    if optional and not value:
+        return None
+    return parse_gpu_ref(value, field, allow_any=allow_any)
+
+
+def _name(value: str, field: str, pattern: re.Pattern[str], what: str) -> str:
+    if not pattern.fullmatch(value):
+        raise InvalidField(field, f"expected {what}, got {quote(value)}")
+    return value
+
+
+def owner_from_pb(owner: Any) -> tuple[Owner, float]:
+    """(Owner, lease ttl seconds); InvalidField names the first bad field."""
+    which = owner.WhichOneof("kind")
+    if which == "container":
+        c = owner.container
+        _name(c.id, "owner.container.id", _CONTAINER_ID, "12-64 lowercase hex digits")
+        path = check_text(c.cgroup_path, "owner.container.cgroup_path", max_chars=MAX_CGROUP_PATH_CHARS)
+        if ".." in path.split("/"):
+            raise InvalidField("owner.container.cgroup_path", f"must stay under the cgroup root, got {quote(path)}")
+        return Owner(OwnerKind.CONTAINER, container_id=c.id, cgroup_path=path), 0.0
+    if which == "pod":
+        p = owner.pod
+        _name(p.namespace, "owner.pod.namespace", _DNS_LABEL, "a Kubernetes namespace (DNS label)")
+        _name(p.name, "owner.pod.name", _DNS_SUBDOMAIN, "a Kubernetes pod name (DNS subdomain)")
+        _name(p.container, "owner.pod.container", _DNS_LABEL, "a Kubernetes container name (DNS label)")
+        return Owner(OwnerKind.POD, namespace=p.namespace, pod=p.name, container=p.container), 0.0
+    if which == "process":
+        pid = owner.process.pid
+        if not 0 < pid <= MAX_PID:
+            raise InvalidField("owner.process.pid", f"must be a process id between 1 and {MAX_PID}, got {pid}")
+        return Owner(OwnerKind.PROCESS, pid=pid), 0.0
+    if which == "lease":
+        holder = check_text(owner.lease.holder, "owner.lease.holder", max_chars=MAX_HOLDER_CHARS, required=True)
+        ttl = check_seconds(owner.lease.ttl_seconds, "owner.lease.ttl_seconds", maximum=MAX_TTL_SECONDS)
+        return Owner(OwnerKind.LEASE, holder=holder), ttl
+    raise InvalidField("owner", "required: one of container, pod, process or lease")
+
+
+def compute_percent(value: int) -> int:
+    try:
+        return check_compute_percent(value)
+    except PartitionError as exc:
+        raise InvalidField("compute_percent", exc.message.split(": ", 1)[-1]) from None
+
+
+def memory_mib(text: str) -> int:
+    if len(text) > MAX_MEMORY_CHARS:
+        raise InvalidField("memory", f"at most {MAX_MEMORY_CHARS} characters, got {quote(text, 40)}")
+    try:
+        return parse_memory_mib(text)
+    except PartitionError as exc:
+        raise InvalidField("memory", exc.message.split(": ", 1)[-1]) from None
+
+
+def request_id(value: str) -> str:
+    return check_text(value, "request_id", max_chars=MAX_REQUEST_ID_CHARS)
+
+
+def ttl_seconds(value: float, field: str = "ttl_seconds") -> float:
+    return check_seconds(value, field, maximum=MAX_TTL_SECONDS)
+
+
+def to_failure(exc: PartitionError, resource: tuple[str, str] | None = None) -> RpcFailure:
+    """The status for a manager error; ``resource`` (type, name) is what a NOT_FOUND refers to."""
+    code, reason = KIND_STATUS[exc.kind]
+    if exc.kind is Kind.INVALID:
+        match = _FIELD_PREFIX.fullmatch(exc.message)
+        field, description = (match.group(1), match.group(2)) if match else ("", exc.message)
+        return invalid_argument(field, description)
+    if exc.kind is Kind.NOT_FOUND and resource is not None:
+        return not_found(resource[0], resource[1], exc.message)
+    return RpcFailure(code, exc.message, reason=reason)
