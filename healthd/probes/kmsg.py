@@ -1,11 +1,21 @@
 """The kernel log: parse /dev/kmsg records and the NVIDIA driver's NVRM lines; a reader thread that follows it.
 
 Record format (Documentation/ABI/testing/dev-kmsg): ``PRIORITY,SEQ,USEC,FLAGS[,...];MESSAGE`` followed by optional
-continuation lines that start with a space (``SUBSYSTEM=pci``). Driver lines this module understands:
+continuation lines that start with a space (``SUBSYSTEM=pci``). PRIORITY is ``facility * 8 + level``. The kernel's
+own printk records, the NVIDIA driver's among them, have facility 0 (kern); a process that writes to /dev/kmsg
+gets facility 1 (user) or another non-zero one it names, never 0 (kernel/printk/printk.c, devkmsg_write). The same
+number leads a line of /proc/kmsg or ``dmesg --raw`` as ``<PRIORITY>``.
 
-- ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`` (also without ``PCI:``,
-  without pid/name on old drivers, with ``pid='<unknown>'``)
-- ``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (names the card before a multi-line report)
+A driver report counts only when the record is the kernel's and its message *begins* with ``NVRM: ``: text that
+carries the prefix further in (a USB device's product string, a user-space write, a line of a file) is not the
+driver's. The driver prints (open-gpu-kernel-modules: krcReportXid in src/nvidia/src/kernel/gpu/rc/kernel_rc.c,
+osHandleGpuLost in src/nvidia/arch/nvalloc/unix/src/osinit.c):
+
+- ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`` with ``pid='<unknown>',
+  name=<unknown>`` when no process is known; on a MIG card the parenthesis also names the instances,
+  ``(PCI:0000:3b:00 GPU-I:02 GPU-CI:00)``. Older drivers print ``pid=1234, `` without a name, no pid at all, or
+  the address without ``PCI:`` (``NVRM: Xid (0000:03:00): 14, Channel 00000001``).
+- ``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (names the card before its first report)
 - ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and
   ``NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2335) installed in this system has fallen off the bus ...``,
   the latter also split over two records (``... installed in this`` / ``NVRM: system has fallen off the bus ...``).
@@ -33,21 +43,34 @@ DEFAULT_KMSG_PATH = Path("/dev/kmsg")
 XID_FALLEN_OFF_BUS = 79
 
 _PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}}),\s?(?P<rest>.*)", re.ASCII)
-_PID_RE = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s?(?P<text>.*)", re.ASCII)
+# Every pattern is used with .match(): the message must begin with the driver's prefix.
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?: GPU-I:(?P<gi>\d{1,4})(?: GPU-CI:(?P<ci>\d{1,4}))?)?\): (?P<xid>\d{1,6}),\s?(?P<rest>.*)",
+    re.ASCII,
+)
+_PID_RE = re.compile(r"pid=(?P<pid>'<unknown>'|<unknown>|\d+),\s*(?:name=(?P<name>[^,]*),\s?)?(?P<text>.*)", re.ASCII)
 _IDENTITY_RE = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_PCI}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 _FALLEN_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?(?P<pci>{_PCI})\b(?P<rest>.*)")
 _FALLEN_TEXT = "fallen off the bus"
 _SPLIT_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI}) .*installed in this\s*$")
+_SPLIT_TAIL = "NVRM: system has fallen off the bus"
+_SYSLOG_PREFIX_RE = re.compile(r"<(?P<priority>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d{1,9})\] ?)?", re.ASCII)
+KERNEL_FACILITY = 0
 
 
 @dataclass(frozen=True, slots=True)
 class KmsgRecord:
-    priority: int  # syslog facility * 8 + level; -1 when the line had no record prefix
+    priority: int  # syslog facility * 8 + level
     seq: int  # -1 when unknown
     usec: int  # microseconds since boot (monotonic), -1 when unknown
     flags: str
     message: str
+
+    @property
+    def from_kernel(self) -> bool:
+        """Facility 0 (kern): written by the kernel itself; user space cannot give its /dev/kmsg writes facility 0."""
+        return self.priority >= 0 and self.priority >> 3 == KERNEL_FACILITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +84,8 @@ class NvrmEvent:
     process: str | None = None
     text: str = ""
     uuid: str | None = None
+    gpu_instance: int | None = None  # MIG: ``GPU-I:NN`` of the report, when the driver attributed it
+    compute_instance: int | None = None  # MIG: ``GPU-CI:NN``
 
 
 def normalize_pci(address: str) -> str:
@@ -91,35 +116,35 @@ def parse_record(line: str) -> KmsgRecord | None:
     fields = head.split(",")
     if len(fields) < 4:
         return None
-    try:
-        priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
-    except ValueError:
+    if not all(f.isascii() and f.isdigit() and len(f) <= 20 for f in fields[:3]):  # u64 at most
         return None
-    if priority < 0 or seq < 0 or usec < 0:
-        return None
+    priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
     message = rest.split("\n", 1)[0].rstrip("\r")
     return KmsgRecord(priority, seq, usec, ",".join(fields[3:]), message)
 
 
 def parse_line(line: str) -> KmsgRecord | None:
-    """A record, or a bare driver line (``NVRM: ...`` as dmesg or the journal prints it); None otherwise."""
+    """A /dev/kmsg record, or a ``<PRIORITY>[ secs.frac] message`` line as /proc/kmsg and ``dmesg --raw`` print
+    it. None for anything else: a line without its priority cannot show that the kernel wrote it."""
     record = parse_record(line)
     if record is not None:
         return record
-    text = line.split("\n", 1)[0].rstrip("\r")
-    at = text.find("NVRM:")
-    if at < 0:
+    m = _SYSLOG_PREFIX_RE.match(line)
+    if m is None:
         return None
-    return KmsgRecord(-1, -1, -1, "", text[at:])
+    usec = int(m["sec"]) * 1_000_000 + int(m["frac"].ljust(6, "0")[:6]) if m["sec"] else -1
+    message = line[m.end() :].split("\n", 1)[0].rstrip("\r")
+    return KmsgRecord(int(m["priority"]), -1, usec, "", message)
 
 
 def parse_nvrm(message: str) -> NvrmEvent | None:
-    """The driver event in one message, or None. Never raises."""
-    at = message.find("NVRM:")
-    if at < 0:
+    """The driver event in one message that begins with ``NVRM: ``, or None. Never raises.
+
+    It trusts the message: call it only with a record's message from the kernel (see ``NvrmDecoder.feed``).
+    """
+    if not message.startswith("NVRM: "):
         return None
-    msg = message[at:]
-    m = _XID_RE.match(msg)
+    m = _XID_RE.match(message)
     if m:
         pci = normalize_pci(m["pci"])
         if not pci:
@@ -130,44 +155,56 @@ def parse_nvrm(message: str) -> NvrmEvent | None:
         pm = _PID_RE.match(text)
         if pm:
             pid = int(pm["pid"]) if pm["pid"].isdigit() else None
-            name = pm["name"].strip()
+            name = (pm["name"] or "").strip()
             process = None if name in ("", "<unknown>") else name
             text = pm["text"].strip()
-        return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text)
-    m = _IDENTITY_RE.match(msg)
+        gi = int(m["gi"]) if m["gi"] else None
+        ci = int(m["ci"]) if m["ci"] else None
+        return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text, gpu_instance=gi, compute_instance=ci)
+    m = _IDENTITY_RE.match(message)
     if m:
         pci = normalize_pci(m["pci"])
         return NvrmEvent("identity", pci, uuid=m["uuid"]) if pci else None
-    if _FALLEN_TEXT in msg:
-        m = _FALLEN_RE.match(msg)
+    if _FALLEN_TEXT in message:
+        m = _FALLEN_RE.match(message)
         if m:
             pci = normalize_pci(m["pci"])
             if pci:
-                return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=msg[len("NVRM: ") :].strip())
+                return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=message[len("NVRM: ") :].strip())
     return None
 
 
 class NvrmDecoder:
-    """Stateful wrapper around parse_nvrm for reports the driver splits over two records."""
+    """Turns kernel-log records into driver events: only the kernel's own records, only messages that begin with
+    the driver's prefix, and the one report the driver splits over two records.
+
+    ``rejected`` counts records that mention ``NVRM:`` but are not the driver's (written by user space, or the
+    prefix further into the text): look-alikes, which an operator may want to know about.
+    """
 
     def __init__(self) -> None:
         self._split_pci: str | None = None
+        self.rejected = 0
+        self.last_rejected = ""
 
-    def feed(self, message: str) -> NvrmEvent | None:
+    def feed(self, record: KmsgRecord) -> NvrmEvent | None:
+        message = record.message
+        if not record.from_kernel or not message.startswith("NVRM: "):
+            if "NVRM:" in message:
+                self.rejected += 1
+                self.last_rejected = message[:160]
+            return None  # neither consumes nor breaks a pending split report: other records may come between
         event = parse_nvrm(message)
         if event is not None:
             self._split_pci = None
             return event
         split_pci, self._split_pci = self._split_pci, None
-        if "NVRM:" not in message:
-            return None
-        head = _SPLIT_HEAD_RE.search(message)
+        head = _SPLIT_HEAD_RE.match(message)
         if head:
             self._split_pci = normalize_pci(head["pci"]) or None
             return None
-        if split_pci and _FALLEN_TEXT in message:
-            text = message[message.find("NVRM:") + len("NVRM: ") :].strip()
-            return NvrmEvent("fallen_off_bus", split_pci, XID_FALLEN_OFF_BUS, text=text)
+        if split_pci and message.startswith(_SPLIT_TAIL):
+            return NvrmEvent("fallen_off_bus", split_pci, XID_FALLEN_OFF_BUS, text=message[len("NVRM: ") :].strip())
         return None
 
 
