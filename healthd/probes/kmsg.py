@@ -51,10 +51,16 @@ _XID_RE = re.compile(
 )
 _PID_RE = re.compile(r"pid=(?P<pid>'<unknown>'|<unknown>|\d+),\s*(?:name=(?P<name>[^,]*),\s?)?(?P<text>.*)", re.ASCII)
 _IDENTITY_RE = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_PCI}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
-_FALLEN_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?(?P<pci>{_PCI})\b(?P<rest>.*)")
-_FALLEN_TEXT = "fallen off the bus"
-_SPLIT_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI}) .*installed in this\s*$")
-_SPLIT_TAIL = "NVRM: system has fallen off the bus"
+# NV_DEV_PRINTF's "NVRM: GPU <bdf>: " prefix with osHandleGpuLost's text
+_DEV_FALLEN_RE = re.compile(rf"NVRM: GPU (?:at PCI:)?(?P<pci>{_PCI}): GPU has fallen off the bus\b")
+# the card-probe report; one printk of three "NVRM: " lines in current drivers, two lines in older ones
+_OS_FALLEN_RE = re.compile(
+    rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI})(?: \(PCI ID: [0-9a-fA-F]{{4}}:[0-9a-fA-F]{{4}}\))? installed in this "
+    r"system has fallen off the bus\b"
+)
+_OS_FALLEN_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI})\b")
+_MAX_PARTS = 3  # records one report can be split over when lines arrive one per record
+_ESCAPED_BYTE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _SYSLOG_PREFIX_RE = re.compile(r"<(?P<priority>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d{1,9})\] ?)?", re.ASCII)
 KERNEL_FACILITY = 0
 
@@ -119,8 +125,23 @@ def parse_record(line: str) -> KmsgRecord | None:
     if not all(f.isascii() and f.isdigit() and len(f) <= 20 for f in fields[:3]):  # u64 at most
         return None
     priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
-    message = rest.split("\n", 1)[0].rstrip("\r")
+    message = unescape(rest.split("\n", 1)[0].rstrip("\r"))
     return KmsgRecord(priority, seq, usec, ",".join(fields[3:]), message)
+
+
+def unescape(text: str) -> str:
+    """/dev/kmsg writes a byte < 0x20, >= 0x7f or a backslash as ``\\xNN``; a printk of several lines has
+    ``\\x0a`` between them. Turn them back into the text (UTF-8, undecodable bytes replaced)."""
+    if "\\x" not in text:
+        return text
+    raw = _ESCAPED_BYTE.sub(lambda m: bytes([int(m[1], 16)]), text.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "replace")
+
+
+def escape(text: str) -> str:
+    """What /dev/kmsg shows for a message: the kernel's escaping, undone by ``unescape``."""
+    raw = text.encode("utf-8", "surrogateescape")
+    return "".join(f"\\x{b:02x}" if b < 0x20 or b >= 0x7F or b == 0x5C else chr(b) for b in raw)
 
 
 def parse_line(line: str) -> KmsgRecord | None:
@@ -140,11 +161,14 @@ def parse_line(line: str) -> KmsgRecord | None:
 def parse_nvrm(message: str) -> NvrmEvent | None:
     """The driver event in one message that begins with ``NVRM: ``, or None. Never raises.
 
-    It trusts the message: call it only with a record's message from the kernel (see ``NvrmDecoder.feed``).
+    It trusts the message: call it only with a record's message from the kernel (see ``NvrmDecoder.feed``). An Xid
+    or identity report is read from the first line only (a process name in it could hold a newline); a report the
+    driver printed as several ``NVRM: `` lines is read as one.
     """
     if not message.startswith("NVRM: "):
         return None
-    m = _XID_RE.match(message)
+    first = message.split("\n", 1)[0]
+    m = _XID_RE.match(first)
     if m:
         pci = normalize_pci(m["pci"])
         if not pci:
@@ -161,29 +185,40 @@ def parse_nvrm(message: str) -> NvrmEvent | None:
         gi = int(m["gi"]) if m["gi"] else None
         ci = int(m["ci"]) if m["ci"] else None
         return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text, gpu_instance=gi, compute_instance=ci)
-    m = _IDENTITY_RE.match(message)
+    m = _IDENTITY_RE.match(first)
     if m:
         pci = normalize_pci(m["pci"])
         return NvrmEvent("identity", pci, uuid=m["uuid"]) if pci else None
-    if _FALLEN_TEXT in message:
-        m = _FALLEN_RE.match(message)
-        if m:
-            pci = normalize_pci(m["pci"])
-            if pci:
-                return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=message[len("NVRM: ") :].strip())
-    return None
+    return _fallen_off_bus(_one_line(message))
+
+
+def _one_line(message: str) -> str:
+    """``NVRM: a\\nNVRM: b`` -> ``NVRM: a b``; a message whose later lines lack the prefix keeps its first line."""
+    first, *more = message.split("\n")
+    if not all(line.startswith("NVRM: ") for line in more):
+        return first
+    return " ".join([first.rstrip(), *(line[len("NVRM: ") :].strip() for line in more)])
+
+
+def _fallen_off_bus(text: str) -> NvrmEvent | None:
+    m = _DEV_FALLEN_RE.match(text) or _OS_FALLEN_RE.match(text)
+    if m is None:
+        return None
+    pci = normalize_pci(m["pci"])
+    return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=text[len("NVRM: ") :].strip()) if pci else None
 
 
 class NvrmDecoder:
     """Turns kernel-log records into driver events: only the kernel's own records, only messages that begin with
-    the driver's prefix, and the one report the driver splits over two records.
+    the driver's prefix, and the fallen-off-the-bus report when its lines arrive as separate records (a file of
+    ``<PRIORITY>`` lines, older kernels).
 
     ``rejected`` counts records that mention ``NVRM:`` but are not the driver's (written by user space, or the
     prefix further into the text): look-alikes, which an operator may want to know about.
     """
 
     def __init__(self) -> None:
-        self._split_pci: str | None = None
+        self._parts: list[str] = []  # a fallen-off-the-bus report begun in an earlier record
         self.rejected = 0
         self.last_rejected = ""
 
@@ -196,21 +231,24 @@ class NvrmDecoder:
             return None  # neither consumes nor breaks a pending split report: other records may come between
         event = parse_nvrm(message)
         if event is not None:
-            self._split_pci = None
+            self._parts = []
             return event
-        split_pci, self._split_pci = self._split_pci, None
-        head = _SPLIT_HEAD_RE.match(message)
-        if head:
-            self._split_pci = normalize_pci(head["pci"]) or None
+        line = _one_line(message)
+        if _OS_FALLEN_HEAD_RE.match(line):
+            self._parts = [line]  # the start of a report, complete or not
             return None
-        if split_pci and message.startswith(_SPLIT_TAIL):
-            return NvrmEvent("fallen_off_bus", split_pci, XID_FALLEN_OFF_BUS, text=message[len("NVRM: ") :].strip())
-        return None
+        if not self._parts:
+            return None
+        self._parts.append(line[len("NVRM: ") :].strip())
+        event = _fallen_off_bus(" ".join(self._parts))
+        if event is not None or len(self._parts) >= _MAX_PARTS:
+            self._parts = []
+        return event
 
 
 def format_record(record: KmsgRecord) -> str:
-    """The /dev/kmsg text of a record (tests, the simulator's kmsg file)."""
-    return f"{record.priority},{record.seq},{record.usec},{record.flags};{record.message}"
+    """The /dev/kmsg text of a record (tests, the simulator's kmsg file), escaped as the kernel escapes it."""
+    return f"{record.priority},{record.seq},{record.usec},{record.flags};{escape(record.message)}"
 
 
 def format_xid(pci: str, xid: int, text: str, *, pid: int | None = None, process: str | None = None) -> str:

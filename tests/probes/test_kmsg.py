@@ -13,12 +13,14 @@ from healthd.probes.kmsg import (
     KmsgRecord,
     NvrmDecoder,
     NvrmEvent,
+    escape,
     format_record,
     format_xid,
     normalize_pci,
     parse_line,
     parse_nvrm,
     parse_record,
+    unescape,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-nvrm.txt"
@@ -413,3 +415,64 @@ def test_a_user_record_between_the_halves_of_a_split_report_changes_nothing() ->
 def test_huge_numbers_in_the_header_are_not_a_record() -> None:
     assert parse_record("1" * 5000 + ",1,1,-;NVRM: x") is None
     assert parse_line("<" + "4" * 50 + ">NVRM: x") is None
+
+
+# The card-probe report (osapi.c: "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x\n" "NVRM: (PCI ID: %04x:%04x) installed
+# in this system has\n" "NVRM: fallen off the bus and is not responding to commands.\n") is one printk of three
+# lines. dmesg shows it as in github.com/NVIDIA/NVSentinel/issues/155 (driver 570.158.01, GPU 0000:b3:00.0, PCI ID
+# 10de:26b5); /dev/kmsg keeps it one record and writes the line breaks as \x0a.
+PROBE_REPORT = (
+    "NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+    "NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+    "NVRM: fallen off the bus and is not responding to commands."
+)
+PROBE_TEXT = (
+    "The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has fallen off the bus and is not "
+    "responding to commands."
+)
+
+
+def test_a_report_printed_as_several_lines_is_one_record_on_dev_kmsg() -> None:
+    line = format_record(KmsgRecord(3, 50, 1843308145, "-", PROBE_REPORT))
+    assert "\\x0aNVRM: (PCI ID: 10de:26b5)" in line  # as the kernel writes it
+    record = parse_record(line)
+    assert record is not None and record.message == PROBE_REPORT
+    assert NvrmDecoder().feed(record) == NvrmEvent("fallen_off_bus", "0000:b3:00", 79, text=PROBE_TEXT)
+
+
+def test_the_same_report_one_line_per_record() -> None:
+    decoder = NvrmDecoder()
+    lines = PROBE_REPORT.split("\n")
+    assert decoder.feed(_kernel(lines[0], 3)) is None
+    assert decoder.feed(_kernel(lines[1], 3)) is None
+    assert decoder.feed(_kernel(lines[2], 3)) == NvrmEvent("fallen_off_bus", "0000:b3:00", 79, text=PROBE_TEXT)
+    # without the PCI ID line, as NVSentinel's handler also expects it
+    short = NvrmDecoder()
+    assert short.feed(_kernel("NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: installed in this system has")) is None
+    event = short.feed(_kernel("NVRM: fallen off the bus and is not responding to commands."))
+    assert event is not None and event.pci == "0000:b3:00"
+
+
+def test_a_product_string_with_a_line_break_stays_one_record_and_counts_for_nothing() -> None:
+    """A USB device chooses its strings, line breaks included; on /dev/kmsg they stay inside its own record."""
+    fake = "usb 1-1: Product: x\nNVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, spoof"
+    record = parse_record(format_record(KmsgRecord(6, 7, 7, "-", fake)))
+    assert record is not None and record.message == fake
+    decoder = NvrmDecoder()
+    assert decoder.feed(record) is None
+    assert decoder.rejected == 1
+
+
+def test_a_process_name_cannot_add_a_second_report_to_a_genuine_one() -> None:
+    """A process may name itself anything (prctl PR_SET_NAME), line breaks included; only the first line counts."""
+    line = "NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=x\nNVRM: Xid (PCI:0000:2a:00): 79, pid=1, name=y, GPU lost"
+    event = NvrmDecoder().feed(_kernel(line))
+    assert event is not None and (event.kind, event.pci, event.xid) == ("xid", "0000:18:00", 13)
+    assert "0000:2a:00" not in event.text and "79" not in event.text
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=80))
+def test_kmsg_escaping_round_trips(text: str) -> None:
+    escaped = escape(text)
+    assert escaped.isascii() and "\n" not in escaped
+    assert unescape(escaped) == text
