@@ -271,3 +271,23 @@ def test_move_aside_refuses_a_readable_file(
     assert (state / name).exists()
     missing = healthd(tmp_path, "--state-dir", str(tmp_path / "empty"), "--move-aside", kind, sockets=False)
     one_line_failure(missing, "--state-dir", f"no {name}")
+
+
+@pytest.mark.parametrize(
+    ("toml", "names"),
+    [
+        ('[health]\n"a\\nb" = 1\n', ("health.'a\\nb': unknown option",)),
+        ('[health.ecc]\n"x\\ny" = 1\n', ("health.ecc.'x\\ny': unknown option",)),
+        ('[health.xid.overrides."\u0663"]\naction = "none"\n', ("health.xid.overrides.'\u0663'", "positive integer")),
+        (f'[health.xid.overrides."{"1" * 5000}"]\naction = "none"\n', ("positive integer",)),
+        ('[health.xid.overrides.79]\n"a\\nb" = 1\n', ("health.xid.overrides.79.'a\\nb'",)),
+    ],
+    ids=["newline in a key", "newline in a nested key", "arabic-indic digit", "5000 digits", "newline in an override"],
+)
+def test_hostile_keys_in_the_file_stay_one_short_line(
+    healthd: Healthd, tmp_path: Path, toml: str, names: tuple[str, ...]
+) -> None:
+    path = tmp_path / "healthd.toml"
+    path.write_text(toml)
+    line = one_line_failure(healthd(tmp_path, "--config", str(path), "--check-config"), *names)
+    assert len(line) < 400
