@@ -317,10 +317,10 @@ class KmsgReader:
                 os.close(fd)
 
     def _failed(self, message: str) -> None:
-        self.errors += 1
-        if message != self.last_error:
+        previous, self.last_error = self.last_error, message  # before the count: a reader of `errors` sees why
+        if message != previous:
             log.warning("kernel log unreadable", error=message)
-        self.last_error = message
+        self.errors += 1
 
     def _deliver(self, line: str) -> None:
         record = parse_line(line)
