@@ -4,7 +4,7 @@
 direct loop makes the same calls: sample, processes, mig_instances on MIG cards, profiling). The
 simulated backend costs microseconds per call; the difference between the two rows is the sampler's own cost
 (threads, deadlines, Snapshot building), which is what grows with the node. On real NVML add the driver's cost
-per card (see ``bench/nvml_overhead.py`` and shared/fixtures/h200).
+per card (see ``bench/nvml_overhead.py`` and the H200 capture in tests/fixtures/h200).
 """
 
 from __future__ import annotations

@@ -158,6 +158,10 @@ class HttpSecurity:
 TLS_HANDSHAKE_TIMEOUT = 10.0
 
 
+class BindError(OSError):
+    """The metrics listener could not be bound; the message names the address."""
+
+
 class MetricsHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -173,7 +177,13 @@ class MetricsHTTPServer(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self._security = HttpSecurity.from_web_config(web_config)
-        super().__init__(address, _Handler)
+        try:
+            super().__init__(address, _Handler)
+        except OSError as exc:  # "[Errno 98] Address already in use" alone does not say which address
+            shown = f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
+            error = BindError(f"cannot listen on {shown}: {exc.strerror or exc}")
+            error.errno = exc.errno
+            raise error from None
         self.registry = registry
         self.health = health
         self.landing = landing

@@ -16,6 +16,7 @@ from healthd.config import default_grpc_listen
 
 EXIT_USAGE = 2
 EXIT_RPC = 1
+EXIT_BROKEN_PIPE = 128 + 13  # as a program killed by SIGPIPE would end (Python ignores the signal)
 
 
 # The daemon's longest driver deadline (a MIG create/destroy, [sampler] change_deadline_seconds) is 20 s by
@@ -72,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command. A reader that stops early (``xpuctl partitions list | head -1``) ends it quietly."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here at the latest, not in the interpreter's exit
+    except BrokenPipeError:
+        # nothing more can be written; point stdout at /dev/null so the final flush at exit stays quiet too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # KEY=VALUE pairs given after options, e.g. `inject hang --gpu 3 call=sample`

@@ -177,11 +177,18 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"config file {path}: not found") from None
     except PermissionError:
         raise ConfigError(f"config file {path}: permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path}: is a directory; give the file, e.g. {DEFAULT_CONFIG_PATH}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
-    return parse_config(data, source=str(path))
+    try:
+        return parse_config(data, source=str(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {path})") from None
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str) -> None:

@@ -23,7 +23,7 @@ from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.executor import in_daemon_thread
 from exporter.health import stale_after
-from exporter.http import Health, MetricsHTTPServer, parse_listen_address
+from exporter.http import BindError, Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.status_page import render_status_page
 from exporter.version import VERSION
@@ -42,6 +42,16 @@ from healthd.probes import default_probes, xid_watcher
 from healthd.probes.runner import ProbeRunner
 from healthd.server import GrpcServer, Service
 from healthd.simulation import SimulationService
+from healthd.startup import (
+    MOVABLE_STATE,
+    StartupError,
+    check_references,
+    check_socket_dirs,
+    check_state_dir,
+    move_aside_state,
+    option_names,
+)
+from healthd.state_files import CorruptStateError, StateFileError
 from healthd.status_rows import status_providers
 from healthd.systemd import Notifier
 from healthd.topology_wiring import build_topology
@@ -66,7 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--state-dir", type=Path, metavar="DIR", help="state directory (default /var/lib/xpu-runtime-kit)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--check-config", action="store_true", help="validate the configuration and exit")
+    p.add_argument(
+        "--check-config", action="store_true", help="validate the configuration (addresses, scenario) and exit"
+    )
+    p.add_argument(
+        "--move-aside",
+        choices=MOVABLE_STATE,
+        metavar="{faults,partitions}",
+        help="rename a corrupt state file (faults.sqlite or partitions.sqlite) to <file>.corrupt-<time>, say what "
+        "that drops, and exit; the daemon must be stopped",
+    )
     p.add_argument("--version", action="version", version=f"xpu-healthd {VERSION}")
     return p
 
@@ -298,25 +317,55 @@ async def run(config: Config, *, allow_fallback: bool, reload_config: Callable[[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every start-up failure is one line on stderr naming the option, file or address, and exit status 2."""
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
+        names = option_names(source=config.source, flags=_flags_given(args))
+        if args.move_aside:
+            print(move_aside_state(config.state_dir, args.move_aside, names))
+            return 0
+        check_references(config, names)
         check_transport(config)
-    except ConfigError as exc:
-        print(f"xpu-healthd: {exc}", file=sys.stderr)
-        return 2
-    if args.check_config:
-        print(f"configuration OK ({config.source})")
-        return 0
+        if args.check_config:
+            print(f"configuration OK ({config.source})")
+            return 0
+        check_state_dir(config.state_dir, names)
+        check_socket_dirs(config, names)
+    except (ConfigError, StartupError, StateFileError) as exc:
+        return _startup_failed(str(exc))
     configure_logging(config.log_level)
     try:
         return asyncio.run(run(config, allow_fallback=args.config is None, reload_config=lambda: resolve_config(args)))
-    except ConfigError as exc:
-        log.error("cannot start", error=str(exc))
-        return 2
-    except OSError as exc:
-        log.error("cannot start", error=str(exc))
-        return 1
+    except CorruptStateError as exc:
+        again = " ".join([*_location_flags(args), "--move-aside", exc.kind])
+        return _startup_failed(f"{exc} To start without it: xpu-healthd {again}, then start the daemon again.")
+    except (ConfigError, StartupError, StateFileError) as exc:
+        return _startup_failed(str(exc))
+    except BindError as exc:
+        return _startup_failed(f"{names.metrics_listen}: {exc}")
+    except OSError as exc:  # the gRPC listener names its address; anything else the OS refused at start
+        return _startup_failed(f"cannot start: {exc}")
+
+
+def _startup_failed(message: str) -> int:
+    print(f"xpu-healthd: {' '.join(message.split())}", file=sys.stderr)  # one line, whatever the message holds
+    return 2
+
+
+def _flags_given(args: argparse.Namespace) -> set[str]:
+    flags = {"metrics_listen": args.metrics_listen, "grpc_listen": args.grpc_listen, "state_dir": args.state_dir}
+    return {name for name, value in flags.items() if value is not None} | ({"simulate"} if args.simulate else set())
+
+
+def _location_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that say where the state is, to repeat in a recovery command."""
+    out = []
+    if args.config is not None:
+        out += ["--config", str(args.config)]
+    if args.state_dir is not None:
+        out += ["--state-dir", str(args.state_dir)]
+    return out
 
 
 if __name__ == "__main__":

@@ -143,6 +143,95 @@ CASES: list[tuple[str, str, CgroupOwner]] = [
 ]
 
 
+# Real layouts the first parser misread, each from a published sample (ids kept as published where the source
+# prints them whole).
+KIND_NODE = "1c4e7a0b2d3f46a5b6c7d8e9f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3"  # the node container (docker)
+KIND_POD = "1e597579_417e_482f_bf65_5fe170c3aebd"
+KIND_CID = "a09bc17f5aa29b0dbdec9ede5f46cf1396d2405917ab02e6f1eb1019f388396e"
+MINIKUBE_NODE = "85b8af02515cb3e49ca58e7f9d5f59e038a1cb400bec20870842393ee6fe39c4"
+MINIKUBE_POD = "12606883-05a6-4572-bb79-ffa847b300fb"
+MINIKUBE_CID = "28369cae89b3fa80f9e06cabcaa96b678501d818df1007be653dc6664b3651d7"
+
+REAL_LAYOUTS: list[tuple[str, str, CgroupOwner]] = [
+    (
+        # Slurm's cgroup/v2 plugin names its scope "<NodeName>_slurmstepd.scope" when slurmd is built for multiple
+        # slurmd per host (src/plugins/cgroup/v2/cgroup_v2.c, _set_int_cg_ns; https://slurm.schedmd.com/
+        # cgroup_v2.html shows the job_<id>/step_<id>/user/task_<n> tree below it). Node name "gpu-node-07".
+        "Slurm multiple-slurmd, cgroup v2",
+        v2("/system.slice/gpu-node-07_slurmstepd.scope/job_12/step_0/user/task_0"),
+        CgroupOwner(runtime="slurm", slurm_job="12"),
+    ),
+    (
+        "Slurm multiple-slurmd, cgroup v2, batch step",
+        v2("/system.slice/gpu-node-07_slurmstepd.scope/job_4242/step_batch/user/task_special"),
+        CgroupOwner(runtime="slurm", slurm_job="4242"),
+    ),
+    (
+        # kind: kubelet runs inside the node container with its cgroups under kubelet.slice; the pod and container
+        # below are the ones a kind node printed in github.com/containerd/nri/pull/227 (see also
+        # github.com/kubernetes-sigs/kind/issues/3947). Seen from the host, the node container's scope comes first.
+        "kind node container, cgroup v2 (systemd driver inside the node)",
+        v2(
+            f"/system.slice/docker-{KIND_NODE}.scope/kubelet.slice/kubelet-kubepods.slice/"
+            f"kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{KIND_POD}.slice/"
+            f"cri-containerd-{KIND_CID}.scope"
+        ),
+        CgroupOwner(runtime="containerd", container_id=KIND_CID, pod_uid=KIND_POD.replace("_", "-")),
+    ),
+    (
+        # k3d on cgroup v2 (github.com/k3d-io/k3d/issues/493): k3s' kubelet, cgroupfs driver, makes /kubepods
+        # under the node container's own cgroup.
+        "k3d node container, cgroup v2 (cgroupfs driver inside the node)",
+        v2(f"/system.slice/docker-{KIND_NODE}.scope/kubepods/besteffort/pod{UID}/{CID}"),
+        CgroupOwner(runtime="", container_id=CID, pod_uid=UID),
+    ),
+    (
+        # minikube, docker driver, cgroup v1: the path cAdvisor reported in
+        # github.com/kubernetes/minikube/issues/14915, verbatim
+        "minikube node container, cgroup v1",
+        v1(f"/docker/{MINIKUBE_NODE}/kubepods/besteffort/pod{MINIKUBE_POD}/{MINIKUBE_CID}"),
+        CgroupOwner(runtime="", container_id=MINIKUBE_CID, pod_uid=MINIKUBE_POD),
+    ),
+    (
+        "a process of the node container itself (kubelet in kind) stays the node container's",
+        v2(f"/system.slice/docker-{KIND_NODE}.scope/kubelet.slice/kubelet.service"),
+        CgroupOwner(runtime="docker", container_id=KIND_NODE),
+    ),
+    (
+        "Docker in Docker, cgroup v1: the inner container",
+        v1(f"/docker/{MINIKUBE_NODE}/docker/{CID}"),
+        CgroupOwner(runtime="docker", container_id=CID),
+    ),
+    (
+        # Documentation/admin-guide/cgroup-v2.rst: when a zombie's cgroup is removed, /proc/<pid>/cgroup shows
+        # "0::/test-cgroup/test-cgroup-nested (deleted)".
+        "docker container, cgroup removed (deleted)",
+        f"0::/system.slice/docker-{CID}.scope (deleted)\n",
+        CgroupOwner(runtime="docker", container_id=CID),
+    ),
+    (
+        "pod container, cgroup removed (deleted)",
+        v2(f"/kubepods.slice/kubepods-pod{UID_US}.slice/cri-containerd-{CID}.scope (deleted)"),
+        CgroupOwner(runtime="containerd", container_id=CID, pod_uid=UID),
+    ),
+    (
+        "the kernel's own example of a removed cgroup",
+        "0::/test-cgroup/test-cgroup-nested (deleted)\n",
+        HOST,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "expected"), REAL_LAYOUTS, ids=[c[0] for c in REAL_LAYOUTS])
+def test_published_layouts(case: str, text: str, expected: CgroupOwner) -> None:
+    assert _without_path(parse_cgroup_file(text)) == expected
+
+
+def test_slurmstepd_scope_is_never_taken_for_a_systemd_unit() -> None:
+    owner = classify_path("/system.slice/gpu-node-07_slurmstepd.scope/system")  # slurmstepd itself, no job
+    assert owner == HOST
+
+
 def _without_path(owner: CgroupOwner) -> CgroupOwner:
     return CgroupOwner(owner.runtime, owner.container_id, owner.pod_uid, owner.slurm_job, owner.unit)
 

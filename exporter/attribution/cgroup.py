@@ -9,9 +9,16 @@ Recognised layouts (cgroup v1 ``N:controllers:/path`` lines and the v2 ``0::/pat
 - Docker: ``/system.slice/docker-<id>.scope`` (systemd) or ``/docker/<id>`` (cgroupfs);
 - Podman: ``/machine.slice/libpod-<id>.scope`` (also below a user's ``user@UID.service`` when rootless, possibly
   with a ``/container`` child), ``/libpod_parent/libpod-<id>`` (cgroupfs);
-- Slurm: ``/slurm/uid_U/job_J/step_S/...`` (v1, also ``slurm_<node>``) and
-  ``/system.slice/slurmstepd.scope/job_J/step_S/...`` (v2);
+- Kubernetes inside a node container (kind, k3d, minikube's docker driver): the node container's cgroup comes
+  first, the pod's below it, e.g. ``/system.slice/docker-<node>.scope/kubepods/besteffort/pod<uid>/<id>`` or
+  ``/docker/<node>/kubepods/...``; the innermost container is the process's, and a pod owns only the container
+  below it;
+- Slurm: ``/slurm/uid_U/job_J/step_S/...`` (v1, ``slurm_<node>`` with multiple slurmd) and
+  ``/system.slice/slurmstepd.scope/job_J/step_S/...`` (v2, ``<node>_slurmstepd.scope`` with multiple slurmd);
 - systemd: the innermost ``*.service`` (or non-runtime ``*.scope``) unit.
+
+cgroup v2 appends `` (deleted)`` to the path of a process whose cgroup was removed after it exited (a zombie,
+Documentation/admin-guide/cgroup-v2.rst); the owner is read from the path without it.
 
 Parsing is pure: it takes the file's text and returns a value, so every layout is tested from fixture text.
 """
@@ -32,9 +39,12 @@ _POD_SEGMENT = re.compile(
 _RUNTIME_SEGMENT = re.compile(rf"^(cri-containerd|crio|docker|libpod)-({_HEX_ID})(?:\.scope)?$")
 _BARE_ID = re.compile(rf"^{_HEX_ID}$")
 _SLURM_JOB = re.compile(r"^job_(\d+)$")
+# Slurm's root: /slurm (v1), /slurm_<node> (v1, multiple slurmd), [<node>_]slurmstepd.scope (v2)
+_SLURM_ROOT = re.compile(r"^(?:slurm(?:_[^/]+)?|(?:[^/]+_)?slurmstepd\.scope)$")
 _UNIT = re.compile(r"^[^/]+\.(service|scope)$")
 # managers and wrappers that are not the workload: a user's systemd instance, conmon, slurmstepd
-_NOT_A_UNIT = re.compile(r"^(user@\d+\.service|.*conmon.*\.scope|slurmstepd\.scope|init\.scope)$")
+_NOT_A_UNIT = re.compile(r"^(user@\d+\.service|.*conmon.*\.scope|(?:[^/]+_)?slurmstepd\.scope|init\.scope)$")
+_DELETED = " (deleted)"
 
 _RUNTIMES = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker", "libpod": "podman"}
 
@@ -70,18 +80,21 @@ def classify_path(path: str) -> CgroupOwner:
         if "kubepods" in seg:
             in_kubepods = True
         if in_kubepods and not pod_uid and (m := _POD_SEGMENT.match(seg)):
+            # a container above the pod is the node's (kind, k3d), not the pod's: only one below it counts
             pod_uid = _dashed(m.group(1))
+            container_id = runtime = ""
+            in_docker = False
             continue
-        if m := _RUNTIME_SEGMENT.match(seg):
+        if m := _RUNTIME_SEGMENT.match(seg):  # the innermost container wins
             runtime, container_id = _RUNTIMES[m.group(1)], m.group(2)
             continue
-        if _BARE_ID.match(seg) and not container_id:
+        if _BARE_ID.match(seg):
             container_id = seg
             runtime = "docker" if in_docker else ""
             continue
         if seg == "docker":
             in_docker = True
-        if seg.startswith(("slurm", "slurmstepd")):
+        if _SLURM_ROOT.match(seg):
             in_slurm = True
         if in_slurm and (m := _SLURM_JOB.match(seg)):
             slurm_job = m.group(1)
@@ -114,7 +127,7 @@ def parse_cgroup_file(text: str) -> CgroupOwner:
             continue
         hierarchy, controllers, path = parts
         if hierarchy == "0" and controllers == "":
-            candidates.insert(0, path)
+            candidates.insert(0, path.removesuffix(_DELETED))  # v2 only: the kernel appends it on no v1 line
         else:
             candidates.append(path)
     for path in candidates:

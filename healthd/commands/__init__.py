@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from healthd.commands import alert_webhook, faults, health, hook, partitions, simulate, topology
+from healthd.commands import alert_webhook, faults, health, hook, partitions, simulate, topology, web
 
-COMMANDS = (simulate, faults, health, hook, partitions, topology, alert_webhook)
+COMMANDS = (simulate, faults, health, hook, partitions, topology, alert_webhook, web)

@@ -65,10 +65,13 @@ def check_positive_seconds(value: float, flag: str) -> None:
         raise ValueError(f"{flag}: must be a positive number of seconds, got {value}")
 
 
-def gpu_ref(*, allow_any: bool = False) -> Callable[[str], str]:
-    """A GPU index (ASCII digits), a GPU UUID, or (with ``allow_any``) "any"; returned in canonical form."""
+def gpu_ref(*, allow_any: bool = False, optional: bool = False) -> Callable[[str], str]:
+    """A GPU index (ASCII digits), a GPU UUID, or (with ``allow_any``) "any"; returned in canonical form.
+    ``optional``: "" (the filter's default: every GPU) is accepted as it is."""
 
     def parse(text: str) -> str:
+        if optional and text == "":
+            return ""
         try:
             return str(parse_gpu_ref(text, "", allow_any=allow_any))
         except InvalidField as exc:

@@ -11,7 +11,10 @@ import grpc
 
 from healthd.commands.args import check_positive_seconds
 from healthd.config import ConfigError, check_grpc_address
+from healthd.state_files import CorruptStateError, StateFileError, move_aside
 from healthd.transport import GrpcTls, is_tcp, load_pem_files
+
+DEFAULT_STATE = Path("/var/lib/xpu-runtime-kit/hook.sqlite")
 
 
 def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
@@ -37,7 +40,14 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
             args.listen, args.exec_command, args.state, command_timeout=args.command_timeout, stop=stop, tls=tls
         )
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except CorruptStateError as exc:
+        raise ValueError(
+            f"{exc} To start with an empty one: xpuctl hook move-aside --state {args.state}, then start the hook again."
+        ) from None
+    except StateFileError as exc:
+        raise ValueError(str(exc)) from None
     return 0
 
 
@@ -61,6 +71,24 @@ def _server_tls(args: argparse.Namespace) -> GrpcTls | None:
     return GrpcTls(cert_chain=cert, private_key=key, client_ca=ca)
 
 
+def cmd_hook_move_aside(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    """Move a corrupt hook state file aside (never a readable one: that would forget work for no reason)."""
+    from healthd.faults.hookserver import ExecutionStore
+
+    path: Path = args.state
+    if not path.exists():
+        raise ValueError(f"--state {path}: no such file; nothing to move")
+    try:
+        ExecutionStore(path).close()
+    except CorruptStateError as exc:
+        moved = move_aside(path)
+        print(f"moved {path} to {moved[0]}. {exc.lost}")
+        return 0
+    except StateFileError as exc:
+        raise ValueError(str(exc)) from None
+    raise ValueError(f"--state {path}: the file is readable, nothing moved (delete it yourself to start afresh)")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hook = sub.add_parser("hook", help="the reference standby-replacement hook")
     hook_sub = hook.add_subparsers(dest="action", required=True)
@@ -72,9 +100,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--listen", required=True, metavar="ADDR", help="unix:/path or HOST:PORT")
     serve.add_argument("--exec", dest="exec_command", required=True, metavar="CMD", help="shell command to run")
-    serve.add_argument(
-        "--state", type=Path, default=Path("/var/lib/xpu-runtime-kit/hook.sqlite"), help="SQLite file of outcomes"
-    )
+    serve.add_argument("--state", type=Path, default=DEFAULT_STATE, help="SQLite file of outcomes")
     serve.add_argument("--command-timeout", type=float, default=300.0, help="seconds before CMD is killed")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     for flag, what in (
@@ -84,3 +110,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         serve.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --listen only (required there): {what} (PEM)")
     serve.set_defaults(func=cmd_hook_serve)
+    aside = hook_sub.add_parser(
+        "move-aside",
+        help="rename a corrupt hook state file to FILE.corrupt-<time> so the hook can start afresh",
+        description="Only a file SQLite reports as damaged is moved; the hook must not be running.",
+    )
+    aside.add_argument("--state", type=Path, default=DEFAULT_STATE, help="SQLite file of outcomes")
+    aside.set_defaults(func=cmd_hook_move_aside)

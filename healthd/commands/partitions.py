@@ -223,7 +223,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     create.set_defaults(func=cmd_create)
 
     lst = ps.add_parser("list", help="list partitions")
-    lst.add_argument("--gpu", type=argtypes.gpu_ref(), default="", help="only this GPU (index or UUID)")
+    lst.add_argument("--gpu", type=argtypes.gpu_ref(optional=True), default="", help="only this GPU (index or UUID)")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=cmd_list)
 
@@ -254,7 +254,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.set_defaults(func=cmd_mode)
 
     cap = ps.add_parser("capacity", help="allocated and free capacity per card")
-    cap.add_argument("--gpu", type=argtypes.gpu_ref(), default="", help="only this GPU (index or UUID)")
+    cap.add_argument("--gpu", type=argtypes.gpu_ref(optional=True), default="", help="only this GPU (index or UUID)")
     cap.add_argument("--json", action="store_true")
     cap.set_defaults(func=cmd_capacity)
 

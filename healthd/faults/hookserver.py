@@ -35,6 +35,7 @@ from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 from healthd.rpc_errors import from_invalid_field, unavailable
 from healthd.rpc_guard import RequestGuard
+from healthd.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
 from healthd.transport import GrpcTls, is_tcp, server_credentials
 from healthd.validation import InvalidField, check_text, quote
 
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS executions (
   received_at REAL NOT NULL, started_at REAL, finished_at REAL, exit_code INTEGER, outcome TEXT NOT NULL DEFAULT '',
   runs INTEGER NOT NULL DEFAULT 0, deliveries INTEGER NOT NULL DEFAULT 0);
 """
+HOOK_WHAT = "hook state"
 OUTPUT_TAIL = 2000
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer
 # Caps far above anything the daemon sends (a refused report is retried forever), far below what hurts: the values
@@ -73,12 +75,23 @@ class Execution:
 
 class ExecutionStore:
     def __init__(self, path: Path) -> None:
+        """Opens (or creates) the file; raises CorruptStateError naming it when it is damaged."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
+            raise open_failure(path, HOOK_WHAT, exc) from None
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            check_integrity(self._db)
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if not is_corruption(exc):
+                raise open_failure(path, HOOK_WHAT, exc) from None
+            raise corrupt_hook_state(path, str(exc)) from None
 
     def close(self) -> None:
         with self._lock:
@@ -149,6 +162,22 @@ def _fault_from_json(text: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return fault if isinstance(fault, dict) else None
+
+
+def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
+    """The error for a damaged hook file: moving it aside forgets which faults' commands already ran."""
+    rows = salvage_rows(path, "SELECT COUNT(*) FROM executions NOT INDEXED WHERE exit_code = 0")
+    known = f" ({rows[0][0]} faults recorded as done)" if rows is not None else ""
+    return CorruptStateError(
+        path,
+        what=HOOK_WHAT,
+        kind="hook",
+        reason=reason,
+        lost=(
+            f"Moving it aside forgets which faults' commands already succeeded{known}: a fault the daemon "
+            "delivers again runs its command again (XPU_FAULT_ID lets the command notice)."
+        ),
+    )
 
 
 def stdin_document(request: Any) -> bytes:

@@ -20,6 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from healthd.faults.fault import Fault, FaultFilter, FaultRecord, OutboxItem, RecordKind
+from healthd.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
+
+JOURNAL_WHAT = "fault journal"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -57,16 +60,30 @@ class JournalError(Exception):
 
 class Journal:
     def __init__(self, path: Path) -> None:
+        """Opens (or creates) the journal; raises CorruptStateError naming the file when it is damaged."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key='last_seq'").fetchone()
-        max_row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
-        self._last_seq = max(int(row[0]) if row else 0, int(max_row[0]))
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
+            raise open_failure(path, JOURNAL_WHAT, exc) from None
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            check_integrity(self._db)
+            self._db.executescript(SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='last_seq'").fetchone()
+            max_row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
+            self._last_seq = max(int(row[0]) if row else 0, int(max_row[0]))
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if not is_corruption(exc):
+                raise open_failure(path, JOURNAL_WHAT, exc) from None
+            raise corrupt_journal(path, str(exc)) from None
+        except ValueError as exc:  # meta.last_seq that is not a number
+            self._db.close()
+            raise corrupt_journal(path, f"meta.last_seq: {exc}"[:200]) from None
 
     @property
     def last_seq(self) -> int:
@@ -256,3 +273,26 @@ class Journal:
 
 def _with_seq(fault: Fault, seq: int) -> Fault:
     return replace(fault, last_seq=seq)
+
+
+def corrupt_journal(path: Path, reason: str) -> CorruptStateError:
+    """The error for a damaged journal, with what moving it aside loses."""
+    active = salvage_rows(path, "SELECT COUNT(*) FROM faults NOT INDEXED WHERE state != 'resolved'")
+    pending = salvage_rows(path, "SELECT COUNT(*) FROM outbox NOT INDEXED WHERE delivered_at IS NULL")
+    held = []
+    if active is not None:
+        held.append(f"{active[0][0]} open faults")
+    if pending is not None:
+        held.append(f"{pending[0][0]} hook deliveries not yet acknowledged")
+    known = f" (it still shows {' and '.join(held)})" if held else ""
+    return CorruptStateError(
+        path,
+        what=JOURNAL_WHAT,
+        kind="faults",
+        reason=reason,
+        lost=(
+            f"Moving it aside loses the fault history{known}, the hook deliveries still queued and the "
+            "reboot counts that escalate repeated fatal faults; WatchFaults sequence numbers start again at 1. "
+            "Conditions that still hold are found again by the probes; past XID events are not."
+        ),
+    )

@@ -107,8 +107,10 @@ def _enum(value: Any, choices: Mapping[str, Any], where: str) -> Any:
 
 
 def _xid_key(key: str, where: str) -> int:
-    if not key.isdigit() or not 0 < int(key) < 100000:
-        raise CatalogError(f"{where}.{key}: an XID must be a positive integer")
+    # ASCII digits only ("٣" is a digit to str.isdigit) and short (int() refuses over 4300 digits)
+    if not (key.isascii() and key.isdigit() and len(key) <= 5) or not 0 < int(key) < 100000:
+        shown = key if key.isascii() and key.isalnum() and len(key) <= 20 else repr(key)[:100]
+        raise CatalogError(f"{where}.{shown}: an XID must be a positive integer")
     return int(key)
 
 
@@ -160,7 +162,8 @@ def parse_overrides(table: Mapping[str, Any], where: str) -> dict[int, XidOverri
             raise CatalogError(f"{here}: expected a table with severity, action and/or application_level")
         unknown = sorted(set(raw) - {"severity", "action", "application_level"})
         if unknown:
-            raise CatalogError(f"{here}.{unknown[0]}: unknown option (known: action, application_level, severity)")
+            name = unknown[0] if unknown[0].isidentifier() else repr(unknown[0])[:100]
+            raise CatalogError(f"{here}.{name}: unknown option (known: action, application_level, severity)")
         app = raw.get("application_level")
         if app is not None and not isinstance(app, bool):
             raise CatalogError(f"{here}.application_level: expected true or false")

@@ -2,8 +2,9 @@
 
 Why one per partition: on a real H200 the control daemon's defaults (``set_default_active_thread_percentage``,
 ``set_default_device_pinned_mem_limit``) are ceilings a client cannot raise through its environment, while a
-client's own ``CUDA_MPS_*`` env can only lower them (shared/fixtures/h200/README.md). One daemon per card would
-have to default to the largest quota on the card, so a tampering client could take more than its partition holds.
+client's own ``CUDA_MPS_*`` env can only lower them (the measurements are in docs/partitioning.md). One daemon per
+card would have to default to the largest quota on the card, so a tampering client could take more than its
+partition holds.
 A daemon per partition, defaulted to exactly that partition's quota, holds the quota whatever the client sets.
 """
 

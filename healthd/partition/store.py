@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
+from healthd.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
+
+WHAT = "partition state"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cards (
@@ -44,18 +47,34 @@ class Store:
     """Thread-safe (one connection behind a lock); every write commits before it returns."""
 
     def __init__(self, path: Path) -> None:
+        """Opens (or creates) the file; raises CorruptStateError when it is damaged or holds rows we cannot read."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        with self._lock:
-            self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(cards)")}
-            if "sharing" not in columns:  # a state file from before TDM sharing policies
-                self._db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
+            raise open_failure(path, WHAT, exc) from None
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            check_integrity(self._db)
+            with self._lock:
+                self._db.executescript(SCHEMA)
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(cards)")}
+                if "sharing" not in columns:  # a state file from before TDM sharing policies
+                    self._db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
+            self.card_modes()  # every row must decode: the manager reads them all at start
+            self.all()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if not is_corruption(exc):
+                raise open_failure(path, WHAT, exc) from None
+            raise corrupt(path, str(exc)) from None
+        except (ValueError, KeyError, TypeError) as exc:  # a row that does not decode (bad JSON, mode, owner)
+            self._db.close()
+            raise corrupt(path, f"a row cannot be read: {exc!r}"[:200]) from None
 
     def close(self) -> None:
         with self._lock:
@@ -161,4 +180,31 @@ def _record(row: tuple[Any, ...]) -> PartitionRecord:
         request_id=row[10] or "",
         request_fingerprint=row[11],
         mig=MigPlacement(**mig_raw) if mig_raw else None,
+    )
+
+
+def corrupt(path: Path, reason: str) -> CorruptStateError:
+    """The error for a damaged partitions file, with what moving it aside would lose."""
+    return CorruptStateError(path, what=WHAT, kind="partitions", reason=reason, lost=describe_loss(path))
+
+
+def describe_loss(path: Path) -> str:
+    """What the daemon forgets if the file goes: the partitions and card modes it can still read, and what stays."""
+    rows = salvage_rows(path, "SELECT gpu, mode FROM partitions NOT INDEXED")
+    cards = salvage_rows(path, "SELECT mode FROM cards NOT INDEXED")
+    if rows is None and cards is None:
+        held = "Its partitions cannot be read, so how many it recorded is unknown."
+    else:
+        per_mode: dict[str, list[int]] = {}
+        for gpu, mode in rows or []:
+            per_mode.setdefault(str(mode).upper(), []).append(int(gpu) if isinstance(gpu, int) else -1)
+        parts = [f"{len(g)} {m} on GPU {','.join(str(i) for i in sorted(set(g)))}" for m, g in sorted(per_mode.items())]
+        counted = f"{len(rows)} partition{'s' if len(rows) != 1 else ''}" if rows is not None else "unknown partitions"
+        modes = sum(1 for (m,) in cards or [] if m != "none")
+        held = f"It records {counted}" + (f" ({'; '.join(parts)})" if parts else "")
+        held += f" and the TDM/MIG mode of {modes} card{'s' if modes != 1 else ''}." if cards is not None else "."
+    return (
+        f"{held} Moving it aside forgets them: their MPS control daemons keep running unsupervised, their MIG "
+        "instances stay on the cards as foreign instances (left alone, never reused), their CDI devices are "
+        "dropped, and the cards start with no partition mode; running workloads keep their GPUs."
     )

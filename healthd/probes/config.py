@@ -53,13 +53,18 @@ _SECTIONS = {"ecc", "nvlink", "memory_leak", "driver", "lost_cards", "configurat
 _TOP = {"proc_root", "sysfs_root", "kmsg_path"} | _SECTIONS
 
 
+def _key_name(key: str) -> str:
+    """A key as the message shows it: quoted when it is not a plain name (a line break must not split the line)."""
+    return key if key.isidentifier() else repr(key)[:100]
+
+
 def _table(parent: Mapping[str, Any], key: str, where: str, allowed: set[str]) -> Mapping[str, Any]:
     value = parent.get(key, {})
     if not isinstance(value, dict):
         _fail(f"{where}.{key}: expected a table ([{where}.{key}])")
     unknown = sorted(set(value) - allowed)
     if unknown:
-        _fail(f"{where}.{key}.{unknown[0]}: unknown option (known: {', '.join(sorted(allowed))})")
+        _fail(f"{where}.{key}.{_key_name(unknown[0])}: unknown option (known: {', '.join(sorted(allowed))})")
     return value
 
 
@@ -105,7 +110,7 @@ def _choice(t: Mapping[str, Any], key: str, where: str, default: str, choices: M
 def parse_probe_settings(table: Mapping[str, Any], where: str = "health") -> ProbeSettings:
     unknown = sorted(set(table) - _TOP)
     if unknown:
-        _fail(f"{where}.{unknown[0]}: unknown option (known: {', '.join(sorted(_TOP))})")
+        _fail(f"{where}.{_key_name(unknown[0])}: unknown option (known: {', '.join(sorted(_TOP))})")
     d = ProbeSettings()
     kmsg_raw = table.get("kmsg_path", str(d.kmsg_path))
     if kmsg_raw == "":

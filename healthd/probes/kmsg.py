@@ -1,11 +1,21 @@
 """The kernel log: parse /dev/kmsg records and the NVIDIA driver's NVRM lines; a reader thread that follows it.
 
 Record format (Documentation/ABI/testing/dev-kmsg): ``PRIORITY,SEQ,USEC,FLAGS[,...];MESSAGE`` followed by optional
-continuation lines that start with a space (``SUBSYSTEM=pci``). Driver lines this module understands:
+continuation lines that start with a space (``SUBSYSTEM=pci``). PRIORITY is ``facility * 8 + level``. The kernel's
+own printk records, the NVIDIA driver's among them, have facility 0 (kern); a process that writes to /dev/kmsg
+gets facility 1 (user) or another non-zero one it names, never 0 (kernel/printk/printk.c, devkmsg_write). The same
+number leads a line of /proc/kmsg or ``dmesg --raw`` as ``<PRIORITY>``.
 
-- ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`` (also without ``PCI:``,
-  without pid/name on old drivers, with ``pid='<unknown>'``)
-- ``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (names the card before a multi-line report)
+A driver report counts only when the record is the kernel's and its message *begins* with ``NVRM: ``: text that
+carries the prefix further in (a USB device's product string, a user-space write, a line of a file) is not the
+driver's. The driver prints (open-gpu-kernel-modules: krcReportXid in src/nvidia/src/kernel/gpu/rc/kernel_rc.c,
+osHandleGpuLost in src/nvidia/arch/nvalloc/unix/src/osinit.c):
+
+- ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.`` with ``pid='<unknown>',
+  name=<unknown>`` when no process is known; on a MIG card the parenthesis also names the instances,
+  ``(PCI:0000:3b:00 GPU-I:02 GPU-CI:00)``. Older drivers print ``pid=1234, `` without a name, no pid at all, or
+  the address without ``PCI:`` (``NVRM: Xid (0000:03:00): 14, Channel 00000001``).
+- ``NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`` (names the card before its first report)
 - ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and
   ``NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2335) installed in this system has fallen off the bus ...``,
   the latter also split over two records (``... installed in this`` / ``NVRM: system has fallen off the bus ...``).
@@ -33,21 +43,40 @@ DEFAULT_KMSG_PATH = Path("/dev/kmsg")
 XID_FALLEN_OFF_BUS = 79
 
 _PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}}),\s?(?P<rest>.*)", re.ASCII)
-_PID_RE = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s?(?P<text>.*)", re.ASCII)
+# Every pattern is used with .match(): the message must begin with the driver's prefix.
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?: GPU-I:(?P<gi>\d{1,4})(?: GPU-CI:(?P<ci>\d{1,4}))?)?\): (?P<xid>\d{1,6}),\s?(?P<rest>.*)",
+    re.ASCII,
+)
+_PID_RE = re.compile(r"pid=(?P<pid>'<unknown>'|<unknown>|\d+),\s*(?:name=(?P<name>[^,]*),\s?)?(?P<text>.*)", re.ASCII)
 _IDENTITY_RE = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_PCI}): (?P<uuid>GPU-[0-9a-fA-F-]+)")
-_FALLEN_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?(?P<pci>{_PCI})\b(?P<rest>.*)")
-_FALLEN_TEXT = "fallen off the bus"
-_SPLIT_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI}) .*installed in this\s*$")
+# NV_DEV_PRINTF's "NVRM: GPU <bdf>: " prefix with osHandleGpuLost's text
+_DEV_FALLEN_RE = re.compile(rf"NVRM: GPU (?:at PCI:)?(?P<pci>{_PCI}): GPU has fallen off the bus\b")
+# the card-probe report; one printk of three "NVRM: " lines in current drivers, two lines in older ones
+_OS_FALLEN_RE = re.compile(
+    rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI})(?: \(PCI ID: [0-9a-fA-F]{{4}}:[0-9a-fA-F]{{4}}\))? installed in this "
+    r"system has fallen off the bus\b"
+)
+_OS_FALLEN_HEAD_RE = re.compile(rf"NVRM: The NVIDIA GPU (?P<pci>{_PCI})\b")
+_MAX_PARTS = 3  # records one report can be split over when lines arrive one per record
+_ESCAPED_BYTE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+_SYSLOG_PREFIX_RE = re.compile(r"<(?P<priority>\d{1,4})>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d{1,9})\] ?)?", re.ASCII)
+KERNEL_FACILITY = 0
 
 
 @dataclass(frozen=True, slots=True)
 class KmsgRecord:
-    priority: int  # syslog facility * 8 + level; -1 when the line had no record prefix
+    priority: int  # syslog facility * 8 + level
     seq: int  # -1 when unknown
     usec: int  # microseconds since boot (monotonic), -1 when unknown
     flags: str
     message: str
+
+    @property
+    def from_kernel(self) -> bool:
+        """Facility 0 (kern): written by the kernel itself; user space cannot give its /dev/kmsg writes facility 0."""
+        return self.priority >= 0 and self.priority >> 3 == KERNEL_FACILITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +90,8 @@ class NvrmEvent:
     process: str | None = None
     text: str = ""
     uuid: str | None = None
+    gpu_instance: int | None = None  # MIG: ``GPU-I:NN`` of the report, when the driver attributed it
+    compute_instance: int | None = None  # MIG: ``GPU-CI:NN``
 
 
 def normalize_pci(address: str) -> str:
@@ -91,35 +122,53 @@ def parse_record(line: str) -> KmsgRecord | None:
     fields = head.split(",")
     if len(fields) < 4:
         return None
-    try:
-        priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
-    except ValueError:
+    if not all(f.isascii() and f.isdigit() and len(f) <= 20 for f in fields[:3]):  # u64 at most
         return None
-    if priority < 0 or seq < 0 or usec < 0:
-        return None
-    message = rest.split("\n", 1)[0].rstrip("\r")
+    priority, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    message = unescape(rest.split("\n", 1)[0].rstrip("\r"))
     return KmsgRecord(priority, seq, usec, ",".join(fields[3:]), message)
 
 
+def unescape(text: str) -> str:
+    """/dev/kmsg writes a byte < 0x20, >= 0x7f or a backslash as ``\\xNN``; a printk of several lines has
+    ``\\x0a`` between them. Turn them back into the text (UTF-8, undecodable bytes replaced)."""
+    if "\\x" not in text:
+        return text
+    raw = _ESCAPED_BYTE.sub(lambda m: bytes([int(m[1], 16)]), text.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "replace")
+
+
+def escape(text: str) -> str:
+    """What /dev/kmsg shows for a message: the kernel's escaping, undone by ``unescape``."""
+    raw = text.encode("utf-8", "surrogateescape")
+    return "".join(f"\\x{b:02x}" if b < 0x20 or b >= 0x7F or b == 0x5C else chr(b) for b in raw)
+
+
 def parse_line(line: str) -> KmsgRecord | None:
-    """A record, or a bare driver line (``NVRM: ...`` as dmesg or the journal prints it); None otherwise."""
+    """A /dev/kmsg record, or a ``<PRIORITY>[ secs.frac] message`` line as /proc/kmsg and ``dmesg --raw`` print
+    it. None for anything else: a line without its priority cannot show that the kernel wrote it."""
     record = parse_record(line)
     if record is not None:
         return record
-    text = line.split("\n", 1)[0].rstrip("\r")
-    at = text.find("NVRM:")
-    if at < 0:
+    m = _SYSLOG_PREFIX_RE.match(line)
+    if m is None:
         return None
-    return KmsgRecord(-1, -1, -1, "", text[at:])
+    usec = int(m["sec"]) * 1_000_000 + int(m["frac"].ljust(6, "0")[:6]) if m["sec"] else -1
+    message = line[m.end() :].split("\n", 1)[0].rstrip("\r")
+    return KmsgRecord(int(m["priority"]), -1, usec, "", message)
 
 
 def parse_nvrm(message: str) -> NvrmEvent | None:
-    """The driver event in one message, or None. Never raises."""
-    at = message.find("NVRM:")
-    if at < 0:
+    """The driver event in one message that begins with ``NVRM: ``, or None. Never raises.
+
+    It trusts the message: call it only with a record's message from the kernel (see ``NvrmDecoder.feed``). An Xid
+    or identity report is read from the first line only (a process name in it could hold a newline); a report the
+    driver printed as several ``NVRM: `` lines is read as one.
+    """
+    if not message.startswith("NVRM: "):
         return None
-    msg = message[at:]
-    m = _XID_RE.match(msg)
+    first = message.split("\n", 1)[0]
+    m = _XID_RE.match(first)
     if m:
         pci = normalize_pci(m["pci"])
         if not pci:
@@ -130,50 +179,76 @@ def parse_nvrm(message: str) -> NvrmEvent | None:
         pm = _PID_RE.match(text)
         if pm:
             pid = int(pm["pid"]) if pm["pid"].isdigit() else None
-            name = pm["name"].strip()
+            name = (pm["name"] or "").strip()
             process = None if name in ("", "<unknown>") else name
             text = pm["text"].strip()
-        return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text)
-    m = _IDENTITY_RE.match(msg)
+        gi = int(m["gi"]) if m["gi"] else None
+        ci = int(m["ci"]) if m["ci"] else None
+        return NvrmEvent("xid", pci, int(m["xid"]), pid, process, text, gpu_instance=gi, compute_instance=ci)
+    m = _IDENTITY_RE.match(first)
     if m:
         pci = normalize_pci(m["pci"])
         return NvrmEvent("identity", pci, uuid=m["uuid"]) if pci else None
-    if _FALLEN_TEXT in msg:
-        m = _FALLEN_RE.match(msg)
-        if m:
-            pci = normalize_pci(m["pci"])
-            if pci:
-                return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=msg[len("NVRM: ") :].strip())
-    return None
+    return _fallen_off_bus(_one_line(message))
+
+
+def _one_line(message: str) -> str:
+    """``NVRM: a\\nNVRM: b`` -> ``NVRM: a b``; a message whose later lines lack the prefix keeps its first line."""
+    first, *more = message.split("\n")
+    if not all(line.startswith("NVRM: ") for line in more):
+        return first
+    return " ".join([first.rstrip(), *(line[len("NVRM: ") :].strip() for line in more)])
+
+
+def _fallen_off_bus(text: str) -> NvrmEvent | None:
+    m = _DEV_FALLEN_RE.match(text) or _OS_FALLEN_RE.match(text)
+    if m is None:
+        return None
+    pci = normalize_pci(m["pci"])
+    return NvrmEvent("fallen_off_bus", pci, XID_FALLEN_OFF_BUS, text=text[len("NVRM: ") :].strip()) if pci else None
 
 
 class NvrmDecoder:
-    """Stateful wrapper around parse_nvrm for reports the driver splits over two records."""
+    """Turns kernel-log records into driver events: only the kernel's own records, only messages that begin with
+    the driver's prefix, and the fallen-off-the-bus report when its lines arrive as separate records (a file of
+    ``<PRIORITY>`` lines, older kernels).
+
+    ``rejected`` counts records that mention ``NVRM:`` but are not the driver's (written by user space, or the
+    prefix further into the text): look-alikes, which an operator may want to know about.
+    """
 
     def __init__(self) -> None:
-        self._split_pci: str | None = None
+        self._parts: list[str] = []  # a fallen-off-the-bus report begun in an earlier record
+        self.rejected = 0
+        self.last_rejected = ""
 
-    def feed(self, message: str) -> NvrmEvent | None:
+    def feed(self, record: KmsgRecord) -> NvrmEvent | None:
+        message = record.message
+        if not record.from_kernel or not message.startswith("NVRM: "):
+            if "NVRM:" in message:
+                self.rejected += 1
+                self.last_rejected = message[:160]
+            return None  # neither consumes nor breaks a pending split report: other records may come between
         event = parse_nvrm(message)
         if event is not None:
-            self._split_pci = None
+            self._parts = []
             return event
-        split_pci, self._split_pci = self._split_pci, None
-        if "NVRM:" not in message:
+        line = _one_line(message)
+        if _OS_FALLEN_HEAD_RE.match(line):
+            self._parts = [line]  # the start of a report, complete or not
             return None
-        head = _SPLIT_HEAD_RE.search(message)
-        if head:
-            self._split_pci = normalize_pci(head["pci"]) or None
+        if not self._parts:
             return None
-        if split_pci and _FALLEN_TEXT in message:
-            text = message[message.find("NVRM:") + len("NVRM: ") :].strip()
-            return NvrmEvent("fallen_off_bus", split_pci, XID_FALLEN_OFF_BUS, text=text)
-        return None
+        self._parts.append(line[len("NVRM: ") :].strip())
+        event = _fallen_off_bus(" ".join(self._parts))
+        if event is not None or len(self._parts) >= _MAX_PARTS:
+            self._parts = []
+        return event
 
 
 def format_record(record: KmsgRecord) -> str:
-    """The /dev/kmsg text of a record (tests, the simulator's kmsg file)."""
-    return f"{record.priority},{record.seq},{record.usec},{record.flags};{record.message}"
+    """The /dev/kmsg text of a record (tests, the simulator's kmsg file), escaped as the kernel escapes it."""
+    return f"{record.priority},{record.seq},{record.usec},{record.flags};{escape(record.message)}"
 
 
 def format_xid(pci: str, xid: int, text: str, *, pid: int | None = None, process: str | None = None) -> str:
@@ -242,9 +317,9 @@ class KmsgReader:
                 os.close(fd)
 
     def _failed(self, message: str) -> None:
-        if message != self.last_error:
+        previous, self.last_error = self.last_error, message  # before the count: a reader of `errors` sees why
+        if message != previous:
             log.warning("kernel log unreadable", error=message)
-        self.last_error = message  # before the count, so whoever sees the count also sees why
         self.errors += 1
 
     def _deliver(self, line: str) -> None:

@@ -207,6 +207,9 @@ class XidWatcher:
         )
         self.nvml_errors = 0
         self.ignored_events = 0
+        self._clock = clock
+        self._rejected_logged = 0
+        self._rejected_logged_at = float("-inf")
 
     # ----- lifecycle ---------------------------------------------------------------------------------------
 
@@ -259,7 +262,10 @@ class XidWatcher:
 
     def on_kmsg_record(self, record: KmsgRecord) -> Finding | None:
         with self._decoder_lock:
-            event = self._decoder.feed(record.message)
+            event = self._decoder.feed(record)
+            rejected, sample = self._decoder.rejected, self._decoder.last_rejected
+        if rejected != self._rejected_logged:
+            self._log_rejected(rejected, sample)
         if event is None:
             return None
         if event.kind == "identity":
@@ -268,10 +274,27 @@ class XidWatcher:
             return None
         return self._on_nvrm(event)
 
+    def _log_rejected(self, rejected: int, sample: str) -> None:
+        """At most one warning a minute: a flood of look-alike lines must not flood the journal too."""
+        now = self._clock()
+        if now - self._rejected_logged_at < 60.0:
+            return
+        log.warning(
+            "kernel-log lines mention NVRM but are not the NVIDIA driver's (user-space writes or the prefix inside "
+            "other text); ignored",
+            count=rejected - self._rejected_logged,
+            example=sample,
+        )
+        self._rejected_logged, self._rejected_logged_at = rejected, now
+
     def _on_nvrm(self, event: NvrmEvent) -> Finding | None:
         assert event.xid is not None
         gpu = self._gpu_by_pci(event.pci)
-        return self.merger.add(_Sighting(event.xid, gpu, event.pci, "kmsg", event.pid, event.process, event.text))
+        mig = None
+        if event.gpu_instance is not None:  # the driver names the MIG device in the line (GPU-I / GPU-CI)
+            mig = MigRef(event.gpu_instance, event.compute_instance)
+        sighting = _Sighting(event.xid, gpu, event.pci, "kmsg", event.pid, event.process, event.text, mig)
+        return self.merger.add(sighting)
 
     # ----- card lookup -------------------------------------------------------------------------------------
 

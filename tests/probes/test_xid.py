@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, Severity
@@ -294,3 +295,34 @@ def test_instance_created_after_the_snapshot_is_named_by_its_ids(h200x8: Node) -
     assert finding is not None
     assert f"MIG (GPU instance {created.gpu_instance_id}, compute instance 0)" in finding.message
     assert "mig_uuid" not in finding.evidence
+
+
+def test_look_alike_lines_raise_nothing_and_are_logged_once_a_minute(h200x8: Node) -> None:
+    sink = Sink()
+    watcher = _watcher(h200x8, sink, h200x8.tick())
+    spoofs = [
+        KmsgRecord(6, 1, 1, "-", f"usb 1-1: Product: {format_xid(GPU2_PCI, 79, 'spoof')}"),  # kernel, prefix inside
+        KmsgRecord(12, 2, 2, "-", format_xid(GPU2_PCI, 79, "GPU has fallen off the bus.")),  # user-space write
+        KmsgRecord(12, 3, 3, "-", "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."),
+    ]
+    with structlog.testing.capture_logs() as logs:
+        for record in spoofs * 50:
+            assert watcher.on_kmsg_record(record) is None
+        h200x8.clock.advance(61)
+        watcher.on_kmsg_record(spoofs[0])
+    assert sink.events == []
+    warnings = [e for e in logs if "not the NVIDIA driver" in e["event"]]
+    # 150 look-alikes within a minute: one warning, then the next minute's one with the count in between
+    assert [w["count"] for w in warnings] == [1, 150]
+    assert "usb 1-1: Product: NVRM: Xid" in warnings[0]["example"]
+
+
+def test_mig_attribution_is_kept_as_evidence(h200x8: Node) -> None:
+    sink = Sink()
+    watcher = _watcher(h200x8, sink, h200x8.tick())
+    line = f"NVRM: Xid (PCI:{GPU2_PCI} GPU-I:03 GPU-CI:00): 31, pid=77, name=train, MMU Fault: ENGINE GRAPHICS"
+    finding = watcher.on_kmsg_record(_record(line))
+    assert finding is not None and finding.gpu is not None
+    assert finding.gpu.index == 2
+    assert (finding.evidence["gpu_instance_id"], finding.evidence["compute_instance_id"]) == ("3", "0")
+    assert (finding.evidence["pid"], finding.evidence["process"]) == ("77", "train")

@@ -1,0 +1,102 @@
+"""SQLite state files that cannot be read: tell corruption from other failures, say what is lost, move aside.
+
+The daemon never drops a state file by itself: a corrupt ``faults.sqlite`` or ``partitions.sqlite`` stops the
+start with a message that names the file, what moving it aside would lose and the command that does it
+(``xpu-healthd --move-aside faults|partitions``); the hook's file works the same way with
+``xpuctl hook move-aside``. Moving aside renames the file and its WAL and shared-memory companions to
+``<name>.corrupt-<UTC time>``, so nothing is deleted and the file can still be examined or repaired.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+# SQLite's primary result codes for a damaged file (https://sqlite.org/rescode.html)
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+COMPANIONS = ("-wal", "-shm")  # WAL mode's files next to the database
+
+
+class StateFileError(Exception):
+    """A state file the daemon cannot use; the message names it."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class CorruptStateError(StateFileError):
+    """The file is damaged (or holds rows the daemon cannot decode).
+
+    ``kind`` names the file for the recovery command (``faults``, ``partitions``, ``hook``); ``lost`` says what
+    moving it aside loses. The caller adds the command, which differs between the daemon and xpuctl.
+    """
+
+    def __init__(self, path: Path, *, what: str, kind: str, reason: str, lost: str) -> None:
+        super().__init__(path, f"{what} {path} is corrupt ({reason}). {lost}")
+        self.kind = kind
+        self.reason = reason
+        self.lost = lost
+
+
+def is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    """True for a damaged or foreign file; False for the rest (locked, read-only, cannot open, disk full...)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
+def check_integrity(db: sqlite3.Connection) -> None:
+    """``PRAGMA quick_check``: every page and index reachable and well-formed (O(size), no full row compare).
+
+    Raises sqlite3.DatabaseError with SQLite's first complaint when the answer is not ``ok``.
+    """
+    rows = db.execute("PRAGMA quick_check").fetchall()
+    if rows != [("ok",)]:
+        lines = [line for row in rows for line in str(row[0]).splitlines() if line and not line.startswith("***")]
+        first = lines[0][:160] if lines else "no answer"
+        more = f" and {len(lines) - 1} more problems" if len(lines) > 1 else ""
+        error = sqlite3.DatabaseError(f"integrity check failed: {first}{more}")
+        error.sqlite_errorcode = SQLITE_CORRUPT
+        raise error
+
+
+def open_failure(path: Path, what: str, exc: sqlite3.DatabaseError) -> StateFileError:
+    """Not corruption: the file exists but SQLite cannot open or lock it (permissions, read-only, locked)."""
+    return StateFileError(path, f"{what} {path}: cannot open it: {exc}")
+
+
+def salvage_rows(path: Path, sql: str) -> list[tuple[object, ...]] | None:
+    """Best effort: one read-only query on a damaged file (use NOT INDEXED: a table scan avoids a broken index)."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return None
+    try:
+        return db.execute(sql).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+
+
+def move_aside(path: Path, now: float | None = None) -> list[Path]:
+    """Rename the file and its WAL companions to ``<name>.corrupt-<UTC time>``; returns the new paths."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+    moved = []
+    for suffix in ("", *COMPANIONS):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            destination = target.with_name(target.name + suffix)
+            source.rename(destination)
+            moved.append(destination)
+    return moved
