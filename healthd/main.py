@@ -142,6 +142,9 @@ class Daemon:
                 main_socket=_first_unix_socket(config),
                 pod_exists=self.attribution.kubelet.pod_exists,
                 order_any=topology_aware(self.topology.first_card),
+                admin_services=[
+                    Service(health_service.SERVICE_NAME, self.fault_runtime.admin_service, health_service.add_to_server)
+                ],
             )
             if config.partitions.enabled
             else None

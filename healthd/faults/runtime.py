@@ -52,6 +52,7 @@ class FaultRuntime:
             journal, hook, self.signal, node_name=hook.node_name or socket.gethostname(), clock=clock
         )
         self.service = HealthService(self.engine, self.signal)
+        self.admin_service = HealthService(self.engine, self.signal, writable=True)  # served on the admin socket
         self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
         self._ticker: asyncio.Task[None] | None = None
 

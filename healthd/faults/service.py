@@ -22,6 +22,7 @@ MAX_LIMIT = 10000
 MAX_FILTER_CHARS = 256
 REPLAY_BATCH = 500
 MAX_SEQ = 2**63 - 1
+MAX_REASON_CHARS = 512
 
 
 class FilterError(ValueError):
@@ -67,10 +68,13 @@ def parse_filter(request: Any) -> FaultFilter:
 
 
 class HealthService(pb_grpc.HealthServicer):
-    def __init__(self, engine: FaultEngine, signal: CommitSignal) -> None:
+    """One instance per socket: ``writable`` (ResolveFault) only on the admin socket, as for partition changes."""
+
+    def __init__(self, engine: FaultEngine, signal: CommitSignal, *, writable: bool = False) -> None:
         self._engine = engine
         self._journal = engine.journal
         self._signal = signal
+        self._writable = writable
 
     async def GetNodeHealth(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         checks = sorted(
@@ -115,6 +119,27 @@ class HealthService(pb_grpc.HealthServicer):
                     yield pb.WatchFaultsResponse(gap=pb.Gap(from_seq=last + 1, to_seq=record.seq - 1))
                 yield pb.WatchFaultsResponse(record=record_pb(record))
                 last = record.seq
+
+    async def ResolveFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        if not self._writable:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "ResolveFault changes the fault journal: use the admin socket (this socket serves reads only)",
+            )
+        reason = request.reason.strip()
+        if not request.id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "id: required (a fault id from ListFaults)")
+        if not reason:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (what was repaired)")
+        if len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"reason: at most {MAX_REASON_CHARS} printable characters"
+            )
+        record = await asyncio.to_thread(self._engine.resolve_by_operator, request.id, reason)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no active fault with id {request.id[:64]!r}")
+        assert record is not None
+        return pb.ResolveFaultResponse(record=record_pb(record))
 
 
 def add_to_server(servicer: object, server: object) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import grp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -59,6 +59,7 @@ class Partitions:
         clock: Callable[[], float] = time.time,
         mps: MpsControl | None = None,
         order_any: CardOrder = pick_card,
+        admin_services: Sequence[Service] = (),  # other services' write side (Health.ResolveFault) on the admin socket
     ) -> None:
         from healthd.partition.store import Store
 
@@ -88,7 +89,7 @@ class Partitions:
         gid = grp.getgrnam(settings.admin_group).gr_gid if settings.admin_group else None
         self.admin_server = GrpcServer(
             [f"unix:{self.admin_socket}"],
-            [admin],
+            [admin, *admin_services],
             socket_mode=0o660 if gid is not None else 0o600,
             socket_group=gid,
         )
