@@ -27,6 +27,7 @@ from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from healthd.faults import service as health_service
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
+from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
@@ -123,7 +124,7 @@ class Daemon:
         self.backend_reason = choice.reason
         s = config.sampler
         self.sampler = Sampler(self.backend, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
-        self.topology = build_topology(config, self.backend, self.sampler)
+        self.topology = build_topology(config, self.backend, self.sampler, self.gpus_out_of_service)
         self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
@@ -142,6 +143,7 @@ class Daemon:
                 main_socket=_first_unix_socket(config),
                 pod_exists=self.attribution.kubelet.pod_exists,
                 order_any=topology_aware(self.topology.first_card),
+                out_of_service=self.gpus_out_of_service,
                 admin_services=[
                     Service(health_service.SERVICE_NAME, self.fault_runtime.admin_service, health_service.add_to_server)
                 ],
@@ -181,6 +183,10 @@ class Daemon:
             socket_mode=t.grpc_socket_mode,
             socket_group=socket_group_id(t.grpc_socket_group),
         )
+
+    def gpus_out_of_service(self) -> frozenset[int]:
+        """Cards whose active faults keep new work off them (``any`` placement, PreferredAllocation)."""
+        return gpus_out_of_service(self.faults.active_faults())
 
     def status_page(self) -> str:
         return render_status_page(

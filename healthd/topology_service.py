@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import grpc
@@ -124,9 +125,15 @@ def topology_from_pb(msg: Any) -> Topology:
 
 
 class TopologyService(pb_grpc.TopologyServicer):
-    def __init__(self, latest: Callable[[], Topology | None], status: Callable[[], RefreshStatus]) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Topology | None],
+        status: Callable[[], RefreshStatus],
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,
+    ) -> None:
         self._latest = latest
         self._status = status
+        self._out_of_service = out_of_service  # card indices with faults that keep new work off them
 
     async def _topology(self, context: grpc.aio.ServicerContext) -> Topology:
         topology = self._latest()
@@ -152,6 +159,26 @@ class TopologyService(pb_grpc.TopologyServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        excluded: list[int] = []
+        if not request.include_faulty_gpus:
+            faulty = self._out_of_service()
+            pool = available or [g.index for g in topology.gpus]
+            excluded = sorted({g for g in pool if g in faulty})
+            held = sorted({g for g in must if g in faulty})
+            if held:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"must_include: GPU {held[0]} has an active fault that takes it out of service "
+                    "(set include_faulty_gpus to use it anyway)",
+                )
+            if excluded:
+                available = [g for g in pool if g not in faulty]
+                if len(available) < request.count:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"asked for {request.count} GPUs, {len(available)} available without faults "
+                        f"(left out for faults: {', '.join(map(str, excluded))})",
+                    )
         try:
             # exact search can take ~0.1 s for 16 cards: keep it off the event loop
             alloc = await asyncio.to_thread(preferred_allocation, topology, request.count, available, must)
@@ -168,6 +195,7 @@ class TopologyService(pb_grpc.TopologyServicer):
             worst_link=alloc.worst_link.label,
             total_distance=alloc.total_cost,
             exact=alloc.exact,
+            excluded_faulty_gpus=excluded,
         )
 
 

@@ -11,6 +11,7 @@ import hashlib
 import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +53,7 @@ class CreateRequest:
     memory_mib: int
     request_id: str = ""
     lease_ttl_seconds: float = 0.0
+    allow_faulty_gpus: bool = False  # "any": also cards whose faults take them out of service
 
     def fingerprint(self) -> str:
         text = repr((self.owner, self.gpu, self.compute_percent, self.memory_mib, self.lease_ttl_seconds))
@@ -98,6 +100,7 @@ class PartitionManager:
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
         order_any: planner.CardOrder = planner.pick_card,
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
     ) -> None:
         self.backend = backend
         self.store = store
@@ -106,6 +109,7 @@ class PartitionManager:
         self.owners = owners
         self.settings = settings
         self._order_any = order_any
+        self._out_of_service = out_of_service
         self.clock = clock
         self._new_id = new_id
         self._proc_root = proc_root
@@ -290,6 +294,11 @@ class PartitionManager:
         ]
         if not candidates:
             raise precondition("no card is in TDM or MIG mode; set a card's mode first (xpuctl partitions mode)")
+        faulty = set() if request.allow_faulty_gpus else self._out_of_service()
+        if all(gpu in faulty for gpu, _ in candidates):
+            listed = ", ".join(str(gpu) for gpu, _ in candidates)
+            raise exhausted(f"every partitionable card has a fault that takes it out of service (GPU {listed})")
+        candidates = [c for c in candidates if c[0] not in faulty]
         last: PartitionError | None = None
         for gpu in self._order_any(candidates, quota):
             async with self._card_locks[gpu]:

@@ -178,6 +178,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                     memory_mib=parse_memory_mib(request.memory),
                     request_id=request.request_id,
                     lease_ttl_seconds=ttl,
+                    allow_faulty_gpus=request.allow_faulty_gpus,
                 )
             )
 

@@ -8,6 +8,7 @@ import grp
 import os
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import structlog
@@ -59,6 +60,7 @@ class Partitions:
         clock: Callable[[], float] = time.time,
         mps: MpsControl | None = None,
         order_any: CardOrder = pick_card,
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
         admin_services: Sequence[Service] = (),  # other services' write side (Health.ResolveFault) on the admin socket
     ) -> None:
         from healthd.partition.store import Store
@@ -82,6 +84,7 @@ class Partitions:
             ),
             clock=clock,
             order_any=order_any,
+            out_of_service=out_of_service,
         )
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)

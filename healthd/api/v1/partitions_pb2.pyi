@@ -63,18 +63,20 @@ class LeaseOwner(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id")
+    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
     owner: Owner
     gpu: str
     compute_percent: int
     memory: str
     request_id: str
-    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    allow_faulty_gpus: bool
+    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path", "options")
