@@ -1,4 +1,5 @@
-"""A CDI spec (kind xpu-runtime-kit.io/gpu) with one device per partition, replaced atomically on every change.
+"""A CDI spec (kind xpu-runtime-kit.io/gpu) with one device per partition (and per whole card, when the writer
+includes them), replaced atomically on every change.
 
 containerd (enable_cdi), CRI-O and Podman read specs from the CDI directories (/etc/cdi, /var/run/cdi) and inject
 ``xpu-runtime-kit.io/gpu=<partition id>`` when a container asks for it.
@@ -7,7 +8,7 @@ containerd (enable_cdi), CRI-O and Podman read specs from the CDI directories (/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,14 @@ class CdiWriter:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / SPEC_FILE
+        self._always: Callable[[], Iterable[tuple[str, ContainerEdits]]] = tuple
+
+    def include(self, devices: Callable[[], Iterable[tuple[str, ContainerEdits]]]) -> None:
+        """Devices written with every spec besides the partitions (the whole cards, cdi_cards.py)."""
+        self._always = devices
 
     def write(self, devices: Iterable[tuple[str, ContainerEdits]]) -> None:
-        spec = build_spec(devices)
+        spec = build_spec([*devices, *self._always()])
         if not spec["devices"]:
             # CDI requires at least one device per spec: no partitions, no spec file
             self.path.unlink(missing_ok=True)

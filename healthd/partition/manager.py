@@ -621,6 +621,11 @@ class PartitionManager:
                 raise not_found(str(exc)) from exc
             raise unavailable(f"GPU driver call failed: {exc}") from exc
 
+    @property
+    def cards(self) -> tuple[DeviceInfo, ...]:
+        """The cards learned at start (empty before)."""
+        return tuple(self._infos)
+
 
 class _InUseError(PartitionError):
     def __init__(self, message: str) -> None:

@@ -17,6 +17,7 @@ from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from healthd.config import DEFAULT_RUNTIME_DIR, PartitionSettings
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.errors import PartitionError
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.metrics import PartitionCollector
@@ -72,11 +73,12 @@ class Partitions:
         self.cdi_dir = settings.cdi_dir or (state_dir / "cdi" if simulated else SYSTEM_CDI_DIR)
         self.store = Store(state_dir / STATE_FILE)
         self.mps = MpsSupervisor(mps or choose_mps(settings, backend), self.runtime_dir)
+        cdi = CdiWriter(self.cdi_dir)
         self.manager = PartitionManager(
             backend,
             self.store,
             self.mps,
-            CdiWriter(self.cdi_dir),
+            cdi,
             OwnerProbe(cgroup_root=settings.cgroup_root, pod_exists=pod_exists, clock=clock),
             settings=ManagerSettings(
                 lease_default_seconds=settings.lease_default_seconds,
@@ -86,6 +88,7 @@ class Partitions:
             order_any=order_any,
             out_of_service=out_of_service,
         )
+        cdi.include(lambda: whole_card_devices(self.manager.cards))
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
         admin = Service(SERVICE_NAME, PartitionsService(self.manager, writable=True), add_partitions)
