@@ -142,6 +142,7 @@ class Daemon:
                 config.state_dir,
                 main_socket=_first_unix_socket(config),
                 pod_exists=self.attribution.kubelet.pod_exists,
+                device_holders=self.attribution.kubelet.device_holders,
                 order_any=topology_aware(self.topology.first_card),
                 out_of_service=self.gpus_out_of_service,
                 admin_services=[

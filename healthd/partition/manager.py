@@ -72,6 +72,7 @@ class CardCapacity:
     mig_memory_slices_free: int
     foreign: tuple[MigInstance, ...]
     hardware_mig: bool
+    mig_room: tuple[tuple[MigProfile, int], ...] = ()  # MIG mode: (profile, how many more fit now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,10 +442,22 @@ class PartitionManager:
             }
             slices_free = planner.card_memory_slices(profiles) - len(used_slices)
             compute = sms * 100 // total_sm if total_sm else 0
+            occupied = [
+                Occupied(
+                    r.mig.profile_id, r.mig.placement_start, r.mig.placement_size, by_id[r.mig.profile_id].slice_count
+                )
+                for r in ours
+                if r.mig and r.mig.profile_id in by_id
+            ] + [
+                Occupied(i.profile_id, i.placement_start, i.placement_size, _compute_slices(profiles, i))
+                for i in foreign
+            ]
+            room = planner.profile_room(profiles, occupied)
         else:
             compute = sum(r.compute_percent for r in ours)
             memory = sum(r.memory_mib for r in ours)
             slices_free = 0
+            room = ()
         return CardCapacity(
             gpu=gpu,
             gpu_uuid=info.uuid,
@@ -456,6 +469,7 @@ class PartitionManager:
             mig_memory_slices_free=slices_free,
             foreign=foreign,
             hardware_mig=self._hw_mig.get(gpu, False),
+            mig_room=room,
         )
 
     # ----- delete, leases, reclaim -------------------------------------------------------------------------
@@ -620,6 +634,22 @@ class PartitionManager:
             if exc.code == "not_found":
                 raise not_found(str(exc)) from exc
             raise unavailable(f"GPU driver call failed: {exc}") from exc
+
+    async def rebind(self, partition_id: str, owner: Owner) -> PartitionRecord:
+        """Give a ready partition a new owner (a kubelet device's lease becomes its pod); the lease ends with it."""
+        owner.validate()
+        gpu = self.get(partition_id).gpu
+        async with self._card_locks[gpu]:
+            record = self.get(partition_id)
+            if record.state is not State.READY:
+                raise precondition(f"partition {partition_id} is {record.state}; only a ready partition changes owner")
+            expires = record.lease_expires_at if owner.kind is OwnerKind.LEASE else 0.0
+            record = replace(record, owner=owner, lease_expires_at=expires)
+            self.store.set_owner(record)
+            self._records[record.id] = record
+            self._publish()
+            log.info("partition owner changed", partition=record.id, owner=owner.describe())
+            return record
 
     @property
     def cards(self) -> tuple[DeviceInfo, ...]:

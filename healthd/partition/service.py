@@ -47,14 +47,25 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
         return Owner(OwnerKind.CONTAINER, container_id=owner.container.id, cgroup_path=owner.container.cgroup_path), 0
     if which == "pod":
         p = owner.pod
-        return Owner(OwnerKind.POD, namespace=p.namespace, pod=p.name, container=p.container), 0
+        device = p.kubelet_device
+        return Owner(
+            OwnerKind.POD,
+            namespace=p.namespace,
+            pod=p.name,
+            container=p.container,
+            resource_name=device.resource_name,
+            device_id=device.device_id,
+        ), 0
     if which == "process":
         return Owner(OwnerKind.PROCESS, pid=owner.process.pid), 0
     if which == "lease":
         ttl = owner.lease.ttl_seconds
         if ttl != ttl:  # NaN
             raise PartitionError(Kind.INVALID, "owner.lease.ttl_seconds: not a number")
-        return Owner(OwnerKind.LEASE, holder=owner.lease.holder), ttl
+        device = owner.lease.kubelet_device
+        return Owner(
+            OwnerKind.LEASE, holder=owner.lease.holder, resource_name=device.resource_name, device_id=device.device_id
+        ), ttl
     raise PartitionError(Kind.INVALID, "owner: required (container, pod, process or lease)")
 
 
@@ -63,11 +74,22 @@ def owner_to_pb(owner: Owner) -> Any:
         case OwnerKind.CONTAINER:
             return pb.Owner(container=pb.ContainerOwner(id=owner.container_id, cgroup_path=owner.cgroup_path))
         case OwnerKind.POD:
-            return pb.Owner(pod=pb.PodOwner(namespace=owner.namespace, name=owner.pod, container=owner.container))
+            return pb.Owner(
+                pod=pb.PodOwner(
+                    namespace=owner.namespace,
+                    name=owner.pod,
+                    container=owner.container,
+                    kubelet_device=_kubelet_device_pb(owner),
+                )
+            )
         case OwnerKind.PROCESS:
             return pb.Owner(process=pb.ProcessOwner(pid=owner.pid))
         case OwnerKind.LEASE:
-            return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder))
+            return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder, kubelet_device=_kubelet_device_pb(owner)))
+
+
+def _kubelet_device_pb(owner: Owner) -> Any:
+    return pb.KubeletDevice(resource_name=owner.resource_name, device_id=owner.device_id) if owner.device_id else None
 
 
 def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
@@ -129,6 +151,17 @@ def capacity_to_pb(c: CardCapacity) -> Any:
             for i in c.foreign
         ],
         hardware_mig_enabled=c.hardware_mig,
+        mig_profiles=[
+            pb.MigProfileRoom(
+                profile=p.name,
+                profile_id=p.profile_id,
+                memory_bytes=p.memory_mib * MIB,
+                sm_count=p.sm_count,
+                instance_count=p.instance_count,
+                placeable=placeable,
+            )
+            for p, placeable in c.mig_room
+        ],
     )
 
 

@@ -22,7 +22,7 @@ from healthd.partition.errors import PartitionError
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
-from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.owners import DeviceHolders, OwnerProbe, PodExists
 from healthd.partition.planner import CardOrder, pick_card
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
@@ -58,6 +58,7 @@ class Partitions:
         *,
         main_socket: Path | None = None,
         pod_exists: PodExists | None = None,
+        device_holders: DeviceHolders | None = None,
         clock: Callable[[], float] = time.time,
         mps: MpsControl | None = None,
         order_any: CardOrder = pick_card,
@@ -79,7 +80,9 @@ class Partitions:
             self.store,
             self.mps,
             cdi,
-            OwnerProbe(cgroup_root=settings.cgroup_root, pod_exists=pod_exists, clock=clock),
+            OwnerProbe(
+                cgroup_root=settings.cgroup_root, pod_exists=pod_exists, device_holders=device_holders, clock=clock
+            ),
             settings=ManagerSettings(
                 lease_default_seconds=settings.lease_default_seconds,
                 owner_grace_seconds=settings.owner_grace_seconds,
@@ -89,7 +92,7 @@ class Partitions:
             out_of_service=out_of_service,
         )
         cdi.include(lambda: whole_card_devices(self.manager.cards))
-        self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
+        self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds, device_holders)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
         admin = Service(SERVICE_NAME, PartitionsService(self.manager, writable=True), add_partitions)
         gid = grp.getgrnam(settings.admin_group).gr_gid if settings.admin_group else None
