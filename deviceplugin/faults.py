@@ -119,6 +119,8 @@ class FaultTracker:
                             record=record.kind,
                         )
                         self._on_change()
+                else:
+                    await asyncio.sleep(delay)  # the daemon ended the stream (shutting down): ask again shortly
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                     log.warning("the daemon's fault journal was reset; reading the active faults again")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -188,14 +189,19 @@ class Slices:
             )
         device_id = ids[0]
         view = self.ctx.view()
-        card = view.card(device_id.split(SLOT_SEP)[0])
-        if card is None or SLOT_SEP not in device_id:
-            raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: no slot {device_id!r}")
+        uuid, _, n = device_id.partition(SLOT_SEP)
+        card = view.card(uuid)
+        if card is None or not n.isdigit() or int(n) >= self._slots_and_room(card)[0]:
+            raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: no slot {device_id!r} on this node now")
         stale = view.by_device.get((self.name, device_id))
         if stale is not None:
             # kubelet gives a slot out again only after the pod that held it is gone: that partition is stale
             log.info("slot reused; deleting the partition it held", slot=device_id, partition=stale.id)
-            await self.ctx.client.delete_partition(stale.id)
+            try:
+                await self.ctx.client.delete_partition(stale.id)
+            except grpc.aio.AioRpcError as exc:
+                message = f"{self.name}: slot {device_id}: its old partition {stale.id}: {exc.details()}"
+                raise AllocationError(exc.code(), message) from None
         compute, memory = self._amounts(card)
         try:
             partition = await self.ctx.client.create_for_device(
@@ -210,7 +216,8 @@ class Slices:
             await self.ctx.changed()
             raise AllocationError(exc.code(), f"{self.name}: GPU {card.index}: {exc.details()}") from None
         if self.profile is not None and partition.mig.profile != self.profile:
-            await self.ctx.client.delete_partition(partition.id)  # the card had room only for a larger profile
+            with contextlib.suppress(grpc.aio.AioRpcError):  # the lease reclaims it if this fails
+                await self.ctx.client.delete_partition(partition.id)  # the card had room only for a larger profile
             await self.ctx.changed()
             raise AllocationError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

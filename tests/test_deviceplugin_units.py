@@ -225,3 +225,18 @@ def test_changes_wake_every_waiter() -> None:
 
 def test_default_config_is_valid() -> None:
     assert parse_file({}, PluginConfig()) == PluginConfig()
+
+
+def test_allocate_refuses_slots_that_do_not_exist_now() -> None:
+    from deviceplugin.resources import AllocationError
+
+    profiles = {"1g.18gb": ProfileRoom("1g.18gb", 16384, 16, 7, 7)}
+    view = NodeView(cards=(card(6, MODE_MIG, profiles=profiles), card(0, MODE_NONE)))
+    mig = Slices(context(view), profile="1g.18gb")
+    for ids in (["GPU-6::7"], ["GPU-6::x"], ["GPU-0::0"], ["GPU-9::0"], ["GPU-6"]):
+        with pytest.raises(AllocationError) as err:
+            asyncio.run(mig.allocate(ids))
+        assert err.value.code.name == "NOT_FOUND", ids
+    with pytest.raises(AllocationError) as err:
+        asyncio.run(mig.allocate(["GPU-6::0", "GPU-6::1"]))
+    assert err.value.code.name == "INVALID_ARGUMENT"
