@@ -243,12 +243,9 @@ class Slices:
         return room.sm_count * 100 // total, f"{room.memory_mib // 128 * 128}MiB"
 
     async def pre_start(self, ids: list[str]) -> None:
+        await self.ctx.changed()  # the view may be seconds old; a container start is rare enough to read it fresh
         view = self.ctx.view()
         missing = [i for i in ids if (self.name, i) not in view.by_device]
-        if missing:
-            await self.ctx.changed()  # the view may be a few seconds old: look again before refusing
-            view = self.ctx.view()
-            missing = [i for i in ids if (self.name, i) not in view.by_device]
         if missing:
             raise AllocationError(
                 grpc.StatusCode.FAILED_PRECONDITION,
