@@ -52,7 +52,7 @@ def test_mig_and_tdm_slices_follow_their_pods(tmp_path: Path) -> None:
         kubelet.wait(lambda: len(kubelet.healthy(MIG_1G)) == 7, "card 6 offers seven 1g.18gb slots")
         kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 5, "card 3 is no longer a whole card")
         kubelet.wait(lambda: len(kubelet.healthy(TDM)) == 4, "card 3 offers four 25 %/32 GiB slots")
-        assert len(kubelet.healthy(MIG_7G)) == 1
+        kubelet.wait(lambda: len(kubelet.healthy(MIG_7G)) == 1, "card 6 offers one 7g.141gb slot")
         assert "xpu-runtime-kit.io/mig-1g.18gb+me" not in kubelet.plugins
 
         # a MIG slice: made in Allocate, with a CDI name in the daemon's spec, then given to the pod
