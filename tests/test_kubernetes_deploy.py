@@ -15,19 +15,21 @@ REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "kubernetes"
 sys.path.insert(0, str(DEPLOY))
 
-import build  # noqa: E402
-import validate  # noqa: E402
+import chart_build as build  # noqa: E402  (module names unique in the test process: dashboards/ has a build.py)
+import chart_validate as validate  # noqa: E402
 
 pytestmark = pytest.mark.deploy
 
 
 def test_generated_files_are_current() -> None:
-    out = subprocess.run([sys.executable, str(DEPLOY / "build.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(DEPLOY / "chart_build.py"), "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
 
 def test_chart_and_manifests_pass_the_validators() -> None:
-    out = subprocess.run([sys.executable, str(DEPLOY / "validate.py")], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "chart_validate.py")], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all valid" in out.stdout
     assert out.stdout.count("objects") == 3  # two chart variants and the plain manifests

@@ -62,3 +62,4 @@ def test_faulty_cards_are_left_out(tmp_path: Path) -> None:
         asyncio.run_coroutine_threadsafe(server.stop(0.1), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+        loop.close()

@@ -1,4 +1,4 @@
-"""Check the chart and the plain manifests with real tools (see tools.py), not by eye:
+"""Check the chart and the plain manifests with real tools (see chart_tools.py), not by eye:
 
 1. ``helm lint`` on the chart, with its default values and with every switch flipped (values-all-on.yaml);
 2. ``helm template`` of both, plus manifests/xpu-runtime-kit.yaml: every built-in kind against Kubernetes' OpenAPI
@@ -7,7 +7,7 @@
 3. the PrometheusRule's groups with ``promtool check rules``;
 4. the ConfigMap's healthd.toml with ``xpu-healthd --check-config`` and its plugin.toml with the plugin's parser.
 
-    python3 deploy/kubernetes/validate.py      # exit 0 when everything passes
+    python3 deploy/kubernetes/chart_validate.py      # exit 0 when everything passes
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(HERE))
 
-from build import MANIFEST, render  # noqa: E402
-from tools import REPO, crd_validator, helm, kubernetes_validate, promtool  # noqa: E402
+from chart_build import MANIFEST, render  # noqa: E402
+from chart_tools import REPO, crd_validator, helm, kubernetes_validate, promtool  # noqa: E402
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 KUBERNETES_VERSION = "1.33.0"
