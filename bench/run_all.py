@@ -43,6 +43,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("bench.partition_bench", "partition create/delete latency over gRPC"),
     ("bench.attribution_bench", "/metrics with and without process and pod attribution"),
     ("bench.profiling_bench", "profiling (GPM) read per card and cycle, its series per scrape"),
+    ("bench.deviceplugin_bench", "device plugin: Allocate, health flip latency, plugin memory"),
 )
 
 

@@ -32,8 +32,10 @@ class AttributionStack:
         self.sim: SimulatedNode | None = None
         proc_root, logs_root, socket = settings.proc_root, settings.pod_logs_root, settings.kubelet_socket
         if self.enabled and isinstance(backend, SimulatedBackend):
-            self.sim = SimulatedNode(backend, state_dir / "sim-node")
-            proc_root, logs_root, socket = self.sim.proc_root, self.sim.log_root, self.sim.kubelet.socket_path
+            self.sim = SimulatedNode(backend, state_dir / "sim-node", serve_kubelet=settings.simulate_kubelet)
+            proc_root, logs_root = self.sim.proc_root, self.sim.log_root
+            if settings.simulate_kubelet:
+                socket = self.sim.kubelet.socket_path
         self.kubelet = KubeletPodResources(socket, refresh_interval=settings.refresh_interval_seconds)
         self.attributor = Attributor(ProcResolver(proc_root), pod_index=PodLogIndex(logs_root), kubelet=self.kubelet)
         if self.enabled:

@@ -63,6 +63,9 @@ class AttributionSettings:
     pod_logs_root: Path = Path("/var/log")  # kubelet's pods/ and containers/ log directories
     kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     refresh_interval_seconds: float = 10.0
+    # --simulate only: serve a simulated pod-resources socket (true), or read kubelet_socket (false: a real kubelet or
+    # a test double beside the simulated GPUs, as the device plugin's tests use)
+    simulate_kubelet: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +355,7 @@ def parse_attribution(table: Any) -> AttributionSettings:
     d = AttributionSettings()
     _check_keys(table, {f.name for f in fields(AttributionSettings)}, where)
     flags = {}
-    for key in ("process_metrics", "pod_metrics"):
+    for key in ("process_metrics", "pod_metrics", "simulate_kubelet"):
         value = table.get(key, getattr(d, key))
         if not isinstance(value, bool):
             raise ConfigError(f"{where}.{key}: expected true or false, got {type(value).__name__}")
@@ -375,6 +378,7 @@ def parse_attribution(table: Any) -> AttributionSettings:
         pod_logs_root=paths["pod_logs_root"],
         kubelet_socket=paths["kubelet_socket"],
         refresh_interval_seconds=refresh,
+        simulate_kubelet=flags["simulate_kubelet"],
     )
 
 

@@ -32,6 +32,7 @@ from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from healthd.faults import service as health_service
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
+from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.lifecycle import Lifecycle
 from healthd.logs import configure_logging
@@ -143,7 +144,7 @@ class Daemon:
         deadlines = DeadlineSettings(read_seconds=s.call_deadline_seconds, change_seconds=s.change_deadline_seconds)
         self.device = GuardedBackend(DeviceAccess(self.backend, deadlines))  # the only way to the driver
         self.sampler = Sampler(self.device, SamplerConfig(s.interval_seconds, s.call_deadline_seconds))
-        self.topology = build_topology(config, self.device, self.sampler)
+        self.topology = build_topology(config, self.device, self.sampler, self.gpus_out_of_service)
         self.attribution = AttributionStack(config.attribution, self.backend, self.sampler, config.state_dir)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.fault_runtime = FaultRuntime(Journal(config.state_dir / JOURNAL_FILE), config.faults, config.hook)
@@ -162,7 +163,12 @@ class Daemon:
                 snapshot=self.sampler.latest,
                 main_socket=_first_unix_socket(config),
                 pod_exists=self.attribution.kubelet.pod_exists,
+                device_holders=self.attribution.kubelet.device_holders,
                 order_any=topology_aware(self.topology.first_card),
+                out_of_service=self.gpus_out_of_service,
+                admin_services=[
+                    Service(health_service.SERVICE_NAME, self.fault_runtime.admin_service, health_service.add_to_server)
+                ],
             )
             if config.partitions.enabled
             else None
@@ -233,6 +239,11 @@ class Daemon:
     def status_line(self) -> str:
         """One line for `systemctl status`: the node status and where the metrics are."""
         return f"{self.node.status().summary}; metrics {self.http.scheme} :{self.http.port}"
+
+    def gpus_out_of_service(self) -> frozenset[int]:
+        """Cards kept from new work (``any`` placement, PreferredAllocation): active faults of action reset_gpu or
+        stronger, and cards whose driver calls are hung right now."""
+        return gpus_out_of_service(self.faults.active_faults()) | frozenset(self.device.access.hung_cards())
 
     def status_page(self) -> str:
         return render_status_page(

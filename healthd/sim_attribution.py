@@ -154,8 +154,16 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
 class SimulatedNode:
     """Keeps ``<root>`` in step with the simulated processes; ``sync`` is a sampler subscriber."""
 
-    def __init__(self, backend: SimulatedBackend, root: Path, *, ticks: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backend: SimulatedBackend,
+        root: Path,
+        *,
+        ticks: Callable[[], float] = time.monotonic,
+        serve_kubelet: bool = True,  # false: a real kubelet (or a test double) answers pod-resources instead
+    ) -> None:
         self.backend = backend
+        self.serve_kubelet = serve_kubelet
         self.root = root
         self.proc_root = root / "proc"
         self.log_root = root / "log"
@@ -172,11 +180,13 @@ class SimulatedNode:
         for d in (self.proc_root, self.log_root / "pods", self.log_root / "containers"):
             d.mkdir(parents=True, exist_ok=True)
         self.sync()
-        self.kubelet.start()
+        if self.serve_kubelet:
+            self.kubelet.start()
         log.info("simulated node: proc tree, kubelet logs and pod-resources socket", root=str(self.root))
 
     def stop(self) -> None:
-        self.kubelet.stop()
+        if self.serve_kubelet:
+            self.kubelet.stop()
 
     def allocations(self) -> list[DeviceAllocation]:
         with self._lock:

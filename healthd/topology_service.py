@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import grpc
@@ -13,7 +14,14 @@ from exporter.topology.model import Gpu, Link, LinkKind, Nic, PcieLocation, Topo
 from exporter.topology.refresher import RefreshStatus
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.rpc_errors import failure, from_invalid_field, invalid_argument, not_found, unavailable
+from healthd.rpc_errors import (
+    failed_precondition,
+    failure,
+    from_invalid_field,
+    invalid_argument,
+    not_found,
+    unavailable,
+)
 from healthd.validation import InvalidField, parse_gpu_ref, quote
 
 _KIND_TO_PB = {kind: getattr(pb, f"LINK_KIND_{kind.name}") for kind in LinkKind}
@@ -126,9 +134,15 @@ def topology_from_pb(msg: Any) -> Topology:
 
 
 class TopologyService(pb_grpc.TopologyServicer):
-    def __init__(self, latest: Callable[[], Topology | None], status: Callable[[], RefreshStatus]) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Topology | None],
+        status: Callable[[], RefreshStatus],
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,
+    ) -> None:
         self._latest = latest
         self._status = status
+        self._out_of_service = out_of_service  # card indices with faults that keep new work off them
 
     async def _topology(self, context: grpc.aio.ServicerContext) -> Topology:
         topology = self._latest()
@@ -155,6 +169,28 @@ class TopologyService(pb_grpc.TopologyServicer):
         except LookupError as exc:
             field, name, message = exc.args
             raise not_found("gpu", name, message, field=field) from None
+        excluded: list[int] = []
+        if not request.include_faulty_gpus:
+            faulty = self._out_of_service()
+            pool = available or [g.index for g in topology.gpus]
+            excluded = sorted({g for g in pool if g in faulty})
+            held = sorted({g for g in must if g in faulty})
+            if held:
+                raise failed_precondition(
+                    "GPU_OUT_OF_SERVICE",
+                    f"must_include: GPU {held[0]} has an active fault or a hung driver call that takes it out of "
+                    "service (set include_faulty_gpus to use it anyway)",
+                    gpu=str(held[0]),
+                )
+            if excluded:
+                available = [g for g in pool if g not in faulty]
+                if len(available) < request.count:
+                    raise failure(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "NOT_ENOUGH_GPUS",
+                        f"asked for {request.count} GPUs, {len(available)} available without faults "
+                        f"(left out for faults: {', '.join(map(str, excluded))})",
+                    )
         try:
             # exact search can take ~0.1 s for 16 cards: keep it off the event loop
             alloc = await asyncio.to_thread(preferred_allocation, topology, request.count, available, must)
@@ -173,6 +209,7 @@ class TopologyService(pb_grpc.TopologyServicer):
             worst_link=alloc.worst_link.label,
             total_distance=alloc.total_cost,
             exact=alloc.exact,
+            excluded_faulty_gpus=excluded,
         )
 
 

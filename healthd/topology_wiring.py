@@ -4,7 +4,8 @@ file, metrics collector and gRPC service. Kept out of main.py so the daemon wiri
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,12 @@ def _add_topology(servicer: object, server: object) -> None:
     topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-def build_topology(config: Config, device: GuardedBackend, sampler: Sampler) -> TopologyPart:
+def build_topology(
+    config: Config,
+    device: GuardedBackend,
+    sampler: Sampler,
+    out_of_service: Callable[[], AbstractSet[int]] = frozenset,
+) -> TopologyPart:
     settings = config.topology
     if not settings.enabled:
         return TopologyPart(None, [], [], None)
@@ -99,7 +105,11 @@ def build_topology(config: Config, device: GuardedBackend, sampler: Sampler) -> 
         refresher=refresher,
         collectors=[TopologyCollector(refresher.latest, refresher.status)],
         services=[
-            Service("xpu.runtime.v1.Topology", TopologyService(refresher.latest, refresher.status), _add_topology)
+            Service(
+                "xpu.runtime.v1.Topology",
+                TopologyService(refresher.latest, refresher.status, out_of_service),
+                _add_topology,
+            )
         ],
         publisher=publisher,
     )

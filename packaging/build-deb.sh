@@ -71,6 +71,7 @@ install -D -m 0644 "$ROOT/alerts/alertmanager.example.yml" "$SHARE/alerts/alertm
 mkdir -p "$STAGE/usr/bin"
 ln -s "$PREFIX/bin/xpu-healthd" "$STAGE/usr/bin/xpu-healthd"
 ln -s "$PREFIX/bin/xpuctl" "$STAGE/usr/bin/xpuctl"
+ln -s "$PREFIX/bin/xpu-device-plugin" "$STAGE/usr/bin/xpu-device-plugin"  # the Kubernetes image runs it (docs/kubernetes.md)
 
 # 4. control files
 mkdir -p "$STAGE/DEBIAN"

@@ -196,6 +196,14 @@ class KubeletPodResources:
             return None
         return (namespace, name) in view.pods
 
+    def device_holders(self) -> dict[tuple[str, str], tuple[str, str, str]] | None:
+        """(resource name, device id) -> (namespace, pod, container) of every device kubelet lists; None when
+        kubelet's answer is not current (absent, failing, not yet)."""
+        view = self.view()
+        if view.state != "ok":
+            return None
+        return {(a.resource_name, a.device_id): (a.namespace, a.pod, a.container) for a in view.allocations}
+
     def _allocatable(self) -> tuple[tuple[str, str], ...]:
         from exporter.attribution.api.podresources.v1 import api_pb2
 

@@ -1,4 +1,6 @@
-"""`xpuctl faults list|watch`: the daemon's faults, and its fault stream (resumable by sequence number)."""
+"""`xpuctl faults list|watch|resolve`: the daemon's faults, its fault stream (resumable by sequence number), and
+resolving a fault by hand after a repair (admin socket: --admin-socket, default healthd-admin.sock beside --socket).
+"""
 
 from __future__ import annotations
 
@@ -108,6 +110,21 @@ def cmd_faults_watch(args: argparse.Namespace, channel: grpc.Channel) -> int:
             delay = min(RECONNECT_MAX_SECONDS, delay * 2)
 
 
+def cmd_faults_resolve(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    """Resolve one active fault on the admin socket; prints the journal record written."""
+    from healthd.api.v1 import health_pb2 as pb
+    from healthd.api.v1 import health_pb2_grpc as pb_grpc
+    from healthd.commands.partitions import admin_address
+
+    if not args.reason.strip():
+        raise ValueError("--reason: say what was repaired")
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        stub = pb_grpc.HealthStub(admin)  # type: ignore[no-untyped-call]
+        reply = stub.ResolveFault(pb.ResolveFaultRequest(id=args.id, reason=args.reason), timeout=args.timeout)
+    print(format_record(reply.record))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     faults = sub.add_parser("faults", help="list or watch the daemon's faults")
     faults_sub = faults.add_subparsers(dest="action", required=True)
@@ -128,6 +145,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--count", type=argtypes.uint(2**63), default=0, help="exit after this many records (default: never)"
     )
     watch.set_defaults(func=cmd_faults_watch)
+    resolve = faults_sub.add_parser("resolve", help="resolve an active fault by hand after a repair (admin socket)")
+    resolve.add_argument("id", help="fault id (xpuctl faults list)")
+    resolve.add_argument("--reason", required=True, help="what was repaired; journaled with the record")
+    resolve.add_argument("--admin-socket", help="admin socket (default: healthd-admin.sock beside --socket)")
+    resolve.set_defaults(func=cmd_faults_resolve)
 
 
 __all__ = ["format_fault", "format_record", "register"]

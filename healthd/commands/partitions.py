@@ -95,6 +95,7 @@ def cmd_create(args: argparse.Namespace, channel: grpc.Channel) -> int:
         compute_percent=args.compute,
         memory=args.memory,
         request_id=args.request_id,
+        allow_faulty_gpus=args.allow_faulty_gpus,
     )
     with grpc.insecure_channel(admin_address(args)) as admin:
         partition = _stub(admin).CreatePartition(request, timeout=args.timeout)
@@ -217,6 +218,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     create.add_argument("--cgroup-path", default="", help="the container's cgroup, relative to /sys/fs/cgroup")
     create.add_argument("--owner-pod", default="", metavar="NS/POD/CONTAINER", help="owned by this pod's container")
     create.add_argument("--owner-lease", default="", metavar="HOLDER", help="owned by a lease (default owner)")
+    create.add_argument(
+        "--allow-faulty-gpus",
+        action="store_true",
+        help="with --gpu any: also consider cards with faults of action reset_gpu or stronger (skipped by default)",
+    )
     create.add_argument("--ttl", type=argtypes.seconds, default=0.0, help="lease seconds (0: the daemon's default)")
     create.add_argument("--request-id", default="", help="idempotency key: a retry returns the same partition")
     create.add_argument("--json", action="store_true")

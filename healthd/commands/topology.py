@@ -27,12 +27,19 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if args.preferred < 1:
         raise ValueError("--preferred: count must be at least 1")
     reply = stub.PreferredAllocation(
-        pb.PreferredAllocationRequest(count=args.preferred, available=args.available, must_include=args.must_include),
+        pb.PreferredAllocationRequest(
+            count=args.preferred,
+            available=args.available,
+            must_include=args.must_include,
+            include_faulty_gpus=args.include_faulty_gpus,
+        ),
         timeout=args.timeout,
     )
     print(f"GPUs:       {','.join(str(g) for g in reply.gpus)}")
     print(f"UUIDs:      {','.join(reply.uuids)}")
     print(f"worst link: {reply.worst_link}{'' if reply.exact else ' (greedy search)'}")
+    if reply.excluded_faulty_gpus:
+        print(f"left out:   {','.join(str(g) for g in reply.excluded_faulty_gpus)} (active faults)")
     print("NICs, nearest first:")
     for nic in reply.nics:
         print(f"  {nic.name:<10} {','.join(nic.netdevs):<14} {nic.link:<5} {nic.level:<17} nearest GPU{nic.gpu}")
@@ -52,4 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="comma-separated GPU indices or UUIDs (default all)",
     )
     p.add_argument("--must-include", type=argtypes.gpu_ids, default=[], metavar="IDS", help="GPUs the set must contain")
+    p.add_argument(
+        "--include-faulty-gpus", action="store_true", help="also consider cards with faults (left out by default)"
+    )
     p.set_defaults(func=cmd_topology)

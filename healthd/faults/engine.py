@@ -432,6 +432,24 @@ class FaultEngine:
                 ]
             self._commit(changes, now, ())
 
+    # -- operator action ---------------------------------------------------------------------------------------
+
+    def resolve_by_operator(self, fault_id: str, reason: str) -> FaultRecord | None:
+        """Resolve one active fault by hand (after a repair); None when no active fault has this id.
+
+        Journaled like any resolve (record kind resolved, detail "operator: <reason>") and streamed. A condition
+        that is still there is reported again by its check and reopens the fault.
+        """
+        now = self._clock()
+        with self._commit_lock:
+            with self._state:
+                fault = next((f for f in self._active.values() if f.id == fault_id), None)
+                if fault is None:
+                    return None
+                change = self._resolve(fault, now, f"operator: {reason}")
+            records = self._commit([change], now, ())
+            return records[-1] if records else None
+
 
 def _uuid(gpu: GpuRef | None) -> str:
     return gpu.uuid if gpu is not None else ""

@@ -54,6 +54,7 @@ class FaultRuntime:
             journal, hook, self.signal, self.io, node_name=hook.node_name or socket.gethostname(), clock=clock
         )
         self.service = HealthService(self.engine, self.signal, self.io)
+        self.admin_service = HealthService(self.engine, self.signal, self.io, writable=True)  # on the admin socket
         self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
         self._ticker: asyncio.Task[None] | None = None
 

@@ -16,8 +16,8 @@ from healthd.faults.engine import FaultEngine
 from healthd.faults.fault import FaultFilter, FaultState
 from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
-from healthd.rpc_errors import failure, from_invalid_field
-from healthd.validation import InvalidField, check_ascii_token, parse_gpu_ref
+from healthd.rpc_errors import failure, from_invalid_field, not_found
+from healthd.validation import InvalidField, check_ascii_token, check_text, parse_gpu_ref, quote
 
 T = TypeVar("T")
 SERVICE_NAME = "xpu.runtime.v1.Health"
@@ -26,6 +26,8 @@ MAX_LIMIT = 10000
 MAX_CHECK_CHARS = 64
 REPLAY_BATCH = 500
 MAX_SEQ = 2**63 - 1
+MAX_REASON_CHARS = 512
+MAX_ID_CHARS = 64
 
 
 def parse_filter(request: Any) -> FaultFilter:
@@ -65,13 +67,17 @@ def parse_filter(request: Any) -> FaultFilter:
 
 
 class HealthService(pb_grpc.HealthServicer):
-    """GetNodeHealth answers from memory; journal reads run on the journal's own executor, never on the loop."""
+    """GetNodeHealth answers from memory; journal reads run on the journal's own executor, never on the loop.
+    One instance per socket: ``writable`` (ResolveFault) only on the admin socket, as for partition changes."""
 
-    def __init__(self, engine: FaultEngine, signal: CommitSignal, journal_io: Executor) -> None:
+    def __init__(
+        self, engine: FaultEngine, signal: CommitSignal, journal_io: Executor, *, writable: bool = False
+    ) -> None:
         self._engine = engine
         self._journal = engine.journal
         self._signal = signal
         self._io = journal_io
+        self._writable = writable
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
@@ -121,6 +127,23 @@ class HealthService(pb_grpc.HealthServicer):
                     yield pb.WatchFaultsResponse(gap=pb.Gap(from_seq=last + 1, to_seq=record.seq - 1))
                 yield pb.WatchFaultsResponse(record=record_pb(record))
                 last = record.seq
+
+    async def ResolveFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        if not self._writable:
+            raise failure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "READ_ONLY_SOCKET",
+                "ResolveFault changes the fault journal: use the admin socket (this socket serves reads only)",
+            )
+        try:
+            fault_id = check_text(request.id, "id", max_chars=MAX_ID_CHARS, required=True)
+            reason = check_text(request.reason.strip(), "reason", max_chars=MAX_REASON_CHARS, required=True)
+        except InvalidField as exc:
+            raise from_invalid_field(exc) from None
+        record = await self._read(self._engine.resolve_by_operator, fault_id, reason)
+        if record is None:
+            raise not_found("fault", fault_id, f"no active fault with id {quote(fault_id)}", field="id")
+        return pb.ResolveFaultResponse(record=record_pb(record))
 
 
 def add_to_server(servicer: object, server: object) -> None:

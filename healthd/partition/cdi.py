@@ -1,4 +1,5 @@
-"""The CDI spec (kind xpu-runtime-kit.io/gpu), replaced atomically on every change.
+"""A CDI spec (kind xpu-runtime-kit.io/gpu) with one device per partition (and per whole card, when the writer
+includes them), replaced atomically on every change.
 
 containerd (enable_cdi), CRI-O and Podman read specs from the CDI directories (/etc/cdi, /var/run/cdi) and inject
 ``xpu-runtime-kit.io/gpu=<name>`` when a container asks for it. Devices of any origin (partitions, whole cards) go
@@ -9,7 +10,7 @@ the runtime applies whenever any device of the spec is requested.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,14 @@ class CdiWriter:
         self.directory = directory
         self.path = directory / SPEC_FILE
         self.common = common
+        self._always: Callable[[], Iterable[tuple[str, ContainerEdits]]] = tuple
+
+    def include(self, devices: Callable[[], Iterable[tuple[str, ContainerEdits]]]) -> None:
+        """Devices written with every spec besides the partitions (the whole cards, cdi_cards.py)."""
+        self._always = devices
 
     def write(self, devices: Iterable[tuple[str, ContainerEdits]]) -> None:
-        spec = build_spec(devices, self.common)
+        spec = build_spec([*devices, *self._always()], self.common)
         if not spec["devices"]:
             # CDI requires at least one device per spec: no partitions, no spec file
             self.path.unlink(missing_ok=True)

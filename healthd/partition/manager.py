@@ -18,6 +18,7 @@ import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,6 +68,7 @@ class CreateRequest:
     memory_mib: int
     request_id: str = ""
     lease_ttl_seconds: float = 0.0
+    allow_faulty_gpus: bool = False  # "any": also cards whose faults take them out of service
 
     def fingerprint(self) -> str:
         text = repr((self.owner, self.gpu, self.compute_percent, self.memory_mib, self.lease_ttl_seconds))
@@ -94,6 +96,7 @@ class PartitionManager:
         snapshot: Callable[[], Snapshot | None] = lambda: None,
         devices: HostDevices | None = None,
         default_sharing: SharingPolicy = SharingPolicy.ISOLATED,
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -105,6 +108,7 @@ class PartitionManager:
         self.owners = owners
         self.settings = settings
         self._order_any = order_any
+        self._out_of_service = out_of_service
         self.clock = clock
         self._new_id = new_id
         self._proc_root = proc_root
@@ -365,14 +369,21 @@ class PartitionManager:
             return await self._create_on(gpu, request, quota)
 
     async def _create_any(self, request: CreateRequest, quota: Quota) -> PartitionRecord:
-        hung = self.device.access.hung_cards()
         candidates = [
             (c.gpu, Quota(100 - c.compute_percent_allocated, c.memory_total_mib - c.memory_allocated_mib))
             for c in (self._capacity(i) for i in range(len(self._infos)))
-            if c.mode is not CardMode.NONE and c.gpu not in hung
+            if c.mode is not CardMode.NONE
         ]
         if not candidates:
             raise precondition("no card is in TDM or MIG mode; set a card's mode first (xpuctl partitions mode)")
+        hung = set(self.device.access.hung_cards())  # never worth trying: it would fail at once
+        faulty = set() if request.allow_faulty_gpus else set(self._out_of_service())
+        if all(gpu in faulty | hung for gpu, _ in candidates):
+            listed = ", ".join(str(gpu) for gpu, _ in candidates)
+            raise exhausted(
+                f"every partitionable card (GPU {listed}) is out of service: an active fault, or a hung driver call"
+            )
+        candidates = [c for c in candidates if c[0] not in faulty | hung]
         last: PartitionError | None = None
         for gpu in self._order_any(candidates, quota):
             async with self._card_locks[gpu]:
@@ -714,3 +725,24 @@ class PartitionManager:
                 log.error("cannot write CDI spec", path=str(self.cdi.path), error=str(exc))
 
         await self._store(write)
+
+    async def rebind(self, partition_id: str, owner: Owner) -> PartitionRecord:
+        """Give a ready partition a new owner (a kubelet device's lease becomes its pod); the lease ends with it."""
+        owner.validate()
+        gpu = self.get(partition_id).gpu
+        async with self._card_locks[gpu]:
+            record = self.get(partition_id)
+            if record.state is not State.READY:
+                raise precondition(f"partition {partition_id} is {record.state}; only a ready partition changes owner")
+            expires = record.lease_expires_at if owner.kind is OwnerKind.LEASE else 0.0
+            record = replace(record, owner=owner, lease_expires_at=expires)
+            await self._store(self.store.set_owner, record)
+            self._records[record.id] = record
+            self._publish()
+            log.info("partition owner changed", partition=record.id, owner=owner.describe())
+            return record
+
+    @property
+    def cards(self) -> tuple[DeviceInfo, ...]:
+        """The cards learned at start (empty before)."""
+        return tuple(self._infos)

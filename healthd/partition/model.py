@@ -31,6 +31,9 @@ class State(enum.StrEnum):
 
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)  # used with fullmatch: "$" would let a "\n" through
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+_RESOURCE_NAME = re.compile(  # a Kubernetes extended resource name: domain/name
+    r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,19 +47,30 @@ class Owner:
     pid: int = 0
     pid_start_ticks: int = 0  # /proc/PID/stat starttime, to tell a reused PID from the owner
     holder: str = ""
+    # the kubelet device the partition serves (lease and pod owners; see KubeletDevice in partitions.proto)
+    resource_name: str = ""
+    device_id: str = ""
 
     def describe(self) -> str:
+        device = f" for {self.resource_name} {self.device_id}" if self.device_id else ""
         match self.kind:
             case OwnerKind.CONTAINER:
                 return f"container {self.container_id[:12]}"
             case OwnerKind.POD:
-                return f"pod {self.namespace}/{self.pod} container {self.container}"
+                return f"pod {self.namespace}/{self.pod} container {self.container}{device}"
             case OwnerKind.PROCESS:
                 return f"pid {self.pid}"
             case OwnerKind.LEASE:
-                return f"lease {self.holder}"
+                return f"lease {self.holder}{device}"
 
     def validate(self) -> None:
+        if self.resource_name or self.device_id:
+            if self.kind not in (OwnerKind.POD, OwnerKind.LEASE):
+                raise invalid("owner: a kubelet device goes with a lease or pod owner only")
+            if not _RESOURCE_NAME.fullmatch(self.resource_name):
+                raise invalid(f"kubelet_device.resource_name: expected DOMAIN/NAME, got {self.resource_name!r}")
+            if not self.device_id or len(self.device_id) > 256 or not self.device_id.isprintable():
+                raise invalid("kubelet_device.device_id: expected 1-256 printable characters")
         match self.kind:
             case OwnerKind.CONTAINER:
                 if not _CONTAINER_ID.fullmatch(self.container_id):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from healthd.partition.model import Owner, OwnerKind
 
 PodExists = Callable[[str, str], "bool | None"]  # (namespace, name) -> True/False, None when unknown
+# (resource name, device id) -> (namespace, pod, container) for every device kubelet lists; None when unknown
+DeviceHolders = Callable[[], "Mapping[tuple[str, str], tuple[str, str, str]] | None"]
 
 CGROUP_SEARCH_DEPTH = 8
 
@@ -34,11 +36,13 @@ class OwnerProbe:
         proc_root: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         pod_exists: PodExists | None = None,
+        device_holders: DeviceHolders | None = None,
         clock: Callable[[], float],
     ) -> None:
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self.pod_exists = pod_exists
+        self.device_holders = device_holders
         self.clock = clock
 
     def alive(self, owner: Owner, lease_expires_at: float) -> bool | None:
@@ -53,6 +57,12 @@ class OwnerProbe:
                 if owner.cgroup_path:
                     return (self.cgroup_root / owner.cgroup_path.lstrip("/")).is_dir()
                 return self._find_cgroup(owner.container_id)
+            case OwnerKind.POD if owner.device_id:
+                holders = self.device_holders() if self.device_holders is not None else None
+                if holders is None:
+                    return None
+                holder = holders.get((owner.resource_name, owner.device_id))
+                return holder is not None and holder[:2] == (owner.namespace, owner.pod)
             case OwnerKind.POD:
                 if self.pod_exists is None:
                     return None

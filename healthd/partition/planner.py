@@ -134,6 +134,20 @@ def choose_mig(profiles: Sequence[MigProfile], occupied: Sequence[Occupied], req
     raise exhausted(f"no free placement on the card for any profile that covers the request ({names})")
 
 
+def profile_room(profiles: Sequence[MigProfile], occupied: Sequence[Occupied]) -> tuple[tuple[MigProfile, int], ...]:
+    """For each profile: how many more instances of it alone could be created now (lowest free placement first;
+    legal placements are aligned, so taking the lowest never blocks a later one that taking another would allow)."""
+    compute_slices = card_compute_slices(profiles)
+    out = []
+    for profile in profiles:
+        taken = list(occupied)
+        while starts := feasible_starts(profile, taken, compute_slices):
+            start, size = min(starts)
+            taken.append(Occupied(profile.profile_id, start, size, profile.slice_count))
+        out.append((profile, len(taken) - len(occupied)))
+    return tuple(out)
+
+
 CardOrder = Callable[[Sequence[tuple[int, Quota]], Quota], list[int]]
 
 
@@ -179,5 +193,6 @@ __all__ = [
     "covers",
     "feasible_starts",
     "pick_card",
+    "profile_room",
     "topology_aware",
 ]

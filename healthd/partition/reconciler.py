@@ -1,4 +1,5 @@
-"""The periodic reconcile loop: reclaim partitions whose owner is gone, finish deletes, restart dead MPS daemons."""
+"""The periodic reconcile loop: give kubelet-device leases to their pods, reclaim partitions whose owner is gone,
+finish deletes, restart dead MPS daemons."""
 
 from __future__ import annotations
 
@@ -8,18 +9,25 @@ import contextlib
 import structlog
 
 from healthd.partition.manager import PartitionManager
+from healthd.partition.owners import DeviceHolders
+from healthd.partition.podbind import bind_to_pods
 
 log = structlog.get_logger("partition.reconciler")
 
 
 class Reconciler:
-    def __init__(self, manager: PartitionManager, interval_seconds: float) -> None:
+    def __init__(
+        self, manager: PartitionManager, interval_seconds: float, device_holders: DeviceHolders | None = None
+    ) -> None:
         self._manager = manager
         self._interval = interval_seconds
+        self._device_holders = device_holders  # kubelet's devices: kubelet-device leases become pod owners
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
     async def run_once(self) -> list[str]:
+        if self._device_holders is not None:
+            await bind_to_pods(self._manager, self._device_holders)
         reclaimed = await self._manager.reconcile()
         self.passes += 1
         if reclaimed:

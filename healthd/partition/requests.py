@@ -32,6 +32,8 @@ MAX_HOLDER_CHARS = 253
 MAX_CGROUP_PATH_CHARS = 4096  # PATH_MAX
 MAX_MEMORY_CHARS = 32
 MAX_PID = 4194304  # the kernel's largest pid_max
+MAX_RESOURCE_NAME_CHARS = 317  # a Kubernetes extended resource name: 253 + '/' + 63
+MAX_DEVICE_ID_CHARS = 256
 MAX_TTL_SECONDS = 10 * 365 * 86400.0  # the manager applies its own (smaller) limit with its own message
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
@@ -80,7 +82,15 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
         _name(p.namespace, "owner.pod.namespace", _DNS_LABEL, "a Kubernetes namespace (DNS label)")
         _name(p.name, "owner.pod.name", _DNS_SUBDOMAIN, "a Kubernetes pod name (DNS subdomain)")
         _name(p.container, "owner.pod.container", _DNS_LABEL, "a Kubernetes container name (DNS label)")
-        return Owner(OwnerKind.POD, namespace=p.namespace, pod=p.name, container=p.container), 0.0
+        resource, device = kubelet_device(p.kubelet_device, "owner.pod.kubelet_device")
+        return Owner(
+            OwnerKind.POD,
+            namespace=p.namespace,
+            pod=p.name,
+            container=p.container,
+            resource_name=resource,
+            device_id=device,
+        ), 0.0
     if which == "process":
         pid = owner.process.pid
         if not 0 < pid <= MAX_PID:
@@ -89,8 +99,18 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
     if which == "lease":
         holder = check_text(owner.lease.holder, "owner.lease.holder", max_chars=MAX_HOLDER_CHARS, required=True)
         ttl = check_seconds(owner.lease.ttl_seconds, "owner.lease.ttl_seconds", maximum=MAX_TTL_SECONDS)
-        return Owner(OwnerKind.LEASE, holder=holder), ttl
+        resource, device = kubelet_device(owner.lease.kubelet_device, "owner.lease.kubelet_device")
+        return Owner(OwnerKind.LEASE, holder=holder, resource_name=resource, device_id=device), ttl
     raise InvalidField("owner", "required: one of container, pod, process or lease")
+
+
+def kubelet_device(device: Any, field: str) -> tuple[str, str]:
+    """(resource name, device id) of the kubelet device a partition serves; both empty when none is named."""
+    resource = check_text(device.resource_name, f"{field}.resource_name", max_chars=MAX_RESOURCE_NAME_CHARS)
+    device_id = check_text(device.device_id, f"{field}.device_id", max_chars=MAX_DEVICE_ID_CHARS)
+    if bool(resource) != bool(device_id):
+        raise InvalidField(field, "give both resource_name and device_id, or neither")
+    return resource, device_id
 
 
 def compute_percent(value: int) -> int:

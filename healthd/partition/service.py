@@ -47,11 +47,22 @@ def owner_to_pb(owner: Owner) -> Any:
         case OwnerKind.CONTAINER:
             return pb.Owner(container=pb.ContainerOwner(id=owner.container_id, cgroup_path=owner.cgroup_path))
         case OwnerKind.POD:
-            return pb.Owner(pod=pb.PodOwner(namespace=owner.namespace, name=owner.pod, container=owner.container))
+            return pb.Owner(
+                pod=pb.PodOwner(
+                    namespace=owner.namespace,
+                    name=owner.pod,
+                    container=owner.container,
+                    kubelet_device=_kubelet_device_pb(owner),
+                )
+            )
         case OwnerKind.PROCESS:
             return pb.Owner(process=pb.ProcessOwner(pid=owner.pid))
         case OwnerKind.LEASE:
-            return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder))
+            return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder, kubelet_device=_kubelet_device_pb(owner)))
+
+
+def _kubelet_device_pb(owner: Owner) -> Any:
+    return pb.KubeletDevice(resource_name=owner.resource_name, device_id=owner.device_id) if owner.device_id else None
 
 
 def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
@@ -115,6 +126,17 @@ def capacity_to_pb(c: CardCapacity) -> Any:
         ],
         hardware_mig_enabled=c.hardware_mig,
         tdm_sharing=c.sharing,
+        mig_profiles=[
+            pb.MigProfileRoom(
+                profile=p.name,
+                profile_id=p.profile_id,
+                memory_bytes=p.memory_mib * MIB,
+                sm_count=p.sm_count,
+                instance_count=p.instance_count,
+                placeable=placeable,
+            )
+            for p, placeable in c.mig_room
+        ],
     )
 
 
@@ -160,6 +182,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 memory_mib=req.memory_mib(request.memory),
                 request_id=req.request_id(request.request_id),
                 lease_ttl_seconds=ttl,
+                allow_faulty_gpus=request.allow_faulty_gpus,
             )
         with _manager_errors(("gpu", create.gpu)):
             record = await self._m.create(create)

@@ -114,6 +114,14 @@ class Store:
                 (record.state.value, record.lease_expires_at, _mig_json(record.mig), record.id),
             )
 
+    def set_owner(self, record: PartitionRecord) -> None:
+        """A new owner (and lease expiry) for an existing partition: the rebind of a kubelet device to its pod."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE partitions SET owner=?, lease_expires_at=? WHERE id=?",
+                (json.dumps(asdict(record.owner), sort_keys=True), record.lease_expires_at, record.id),
+            )
+
     def delete(self, partition_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM partitions WHERE id=?", (partition_id,))

@@ -7,7 +7,8 @@ import contextlib
 import grp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import structlog
@@ -18,13 +19,14 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.snapshot import Snapshot
 from healthd.config import DEFAULT_RUNTIME_DIR, PartitionSettings
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.devnodes import HostDevices
 from healthd.partition.driverlibs import discover_driver_edits
 from healthd.partition.errors import PartitionError
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
-from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.owners import DeviceHolders, OwnerProbe, PodExists
 from healthd.partition.planner import CardOrder, pick_card
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
@@ -64,9 +66,12 @@ class Partitions:
         snapshot: Callable[[], Snapshot | None] = lambda: None,
         main_socket: Path | None = None,
         pod_exists: PodExists | None = None,
+        device_holders: DeviceHolders | None = None,
         clock: Callable[[], float] = time.time,
         mps: MpsControl | None = None,
         order_any: CardOrder = pick_card,
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
+        admin_services: Sequence[Service] = (),  # other services' write side (Health.ResolveFault) on the admin socket
     ) -> None:
         from healthd.partition.store import Store
 
@@ -81,12 +86,15 @@ class Partitions:
         self.devices = simulated_host_devices(state_dir / SIM_DEVICES_DIR) if simulated else HostDevices()
         driver_edits = discover_driver_edits() if settings.cdi_driver_libraries == "auto" and not simulated else None
         self.mps = MpsSupervisor(mps or choose_mps(settings, backend.raw), self.runtime_dir)
+        cdi = CdiWriter(self.cdi_dir, common=driver_edits)
         self.manager = PartitionManager(
             backend,
             self.store,
             self.mps,
-            CdiWriter(self.cdi_dir, common=driver_edits),
-            OwnerProbe(cgroup_root=settings.cgroup_root, pod_exists=pod_exists, clock=clock),
+            cdi,
+            OwnerProbe(
+                cgroup_root=settings.cgroup_root, pod_exists=pod_exists, device_holders=device_holders, clock=clock
+            ),
             settings=ManagerSettings(
                 lease_default_seconds=settings.lease_default_seconds,
                 owner_grace_seconds=settings.owner_grace_seconds,
@@ -96,14 +104,16 @@ class Partitions:
             snapshot=snapshot,
             devices=self.devices,
             default_sharing=SharingPolicy(settings.tdm_sharing),
+            out_of_service=out_of_service,
         )
-        self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds)
+        cdi.include(lambda: whole_card_devices(self.manager.cards, self.devices))
+        self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds, device_holders)
         self.read_service = Service(SERVICE_NAME, PartitionsService(self.manager, writable=False), add_partitions)
         admin = Service(SERVICE_NAME, PartitionsService(self.manager, writable=True), add_partitions)
         gid = grp.getgrnam(settings.admin_group).gr_gid if settings.admin_group else None
         self.admin_server = GrpcServer(
             [f"unix:{self.admin_socket}"],
-            [admin],
+            [admin, *admin_services],
             socket_mode=0o660 if gid is not None else 0o600,
             socket_group=gid,
         )

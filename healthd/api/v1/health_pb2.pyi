@@ -194,3 +194,17 @@ class WatchFaultsResponse(_message.Message):
     record: FaultRecord
     gap: Gap
     def __init__(self, record: _Optional[_Union[FaultRecord, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ...) -> None: ...
+
+class ResolveFaultRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResolveFaultResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: FaultRecord
+    def __init__(self, record: _Optional[_Union[FaultRecord, _Mapping]] = ...) -> None: ...

@@ -49,6 +49,11 @@ class HealthStub:
                 request_serializer=healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsRequest.SerializeToString,
                 response_deserializer=healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsResponse.FromString,
                 _registered_method=True)
+        self.ResolveFault = channel.unary_unary(
+                '/xpu.runtime.v1.Health/ResolveFault',
+                request_serializer=healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultRequest.SerializeToString,
+                response_deserializer=healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultResponse.FromString,
+                _registered_method=True)
 
 
 class HealthServicer:
@@ -77,6 +82,15 @@ class HealthServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveFault(self, request, context):
+        """Resolve an active fault by hand, after a repair (the journal record is kind "resolved", its detail names the
+        operator's reason). Served only on the admin socket; the monitoring socket answers PERMISSION_DENIED. A fault
+        whose condition is still present is reported again by its check (reopened, same id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +108,11 @@ def add_HealthServicer_to_server(servicer, server):
                     servicer.WatchFaults,
                     request_deserializer=healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsRequest.FromString,
                     response_serializer=healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsResponse.SerializeToString,
+            ),
+            'ResolveFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveFault,
+                    request_deserializer=healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultRequest.FromString,
+                    response_serializer=healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +196,33 @@ class Health:
             '/xpu.runtime.v1.Health/WatchFaults',
             healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsRequest.SerializeToString,
             healthd_dot_api_dot_v1_dot_health__pb2.WatchFaultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/xpu.runtime.v1.Health/ResolveFault',
+            healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultRequest.SerializeToString,
+            healthd_dot_api_dot_v1_dot_health__pb2.ResolveFaultResponse.FromString,
             options,
             channel_credentials,
             insecure,

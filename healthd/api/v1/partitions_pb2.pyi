@@ -48,14 +48,24 @@ class ContainerOwner(_message.Message):
     def __init__(self, id: _Optional[str] = ..., cgroup_path: _Optional[str] = ...) -> None: ...
 
 class PodOwner(_message.Message):
-    __slots__ = ("namespace", "name", "container")
+    __slots__ = ("namespace", "name", "container", "kubelet_device")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    KUBELET_DEVICE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     name: str
     container: str
-    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., container: _Optional[str] = ...) -> None: ...
+    kubelet_device: KubeletDevice
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., container: _Optional[str] = ..., kubelet_device: _Optional[_Union[KubeletDevice, _Mapping]] = ...) -> None: ...
+
+class KubeletDevice(_message.Message):
+    __slots__ = ("resource_name", "device_id")
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    resource_name: str
+    device_id: str
+    def __init__(self, resource_name: _Optional[str] = ..., device_id: _Optional[str] = ...) -> None: ...
 
 class ProcessOwner(_message.Message):
     __slots__ = ("pid",)
@@ -64,26 +74,30 @@ class ProcessOwner(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class LeaseOwner(_message.Message):
-    __slots__ = ("holder", "ttl_seconds")
+    __slots__ = ("holder", "ttl_seconds", "kubelet_device")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KUBELET_DEVICE_FIELD_NUMBER: _ClassVar[int]
     holder: str
     ttl_seconds: float
-    def __init__(self, holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+    kubelet_device: KubeletDevice
+    def __init__(self, holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., kubelet_device: _Optional[_Union[KubeletDevice, _Mapping]] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id")
+    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
     owner: Owner
     gpu: str
     compute_percent: int
     memory: str
     request_id: str
-    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    allow_faulty_gpus: bool
+    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path", "options")
@@ -231,7 +245,7 @@ class ForeignMigInstance(_message.Message):
     def __init__(self, gpu_instance_id: _Optional[int] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class CardCapacity(_message.Message):
-    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled", "tdm_sharing")
+    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled", "mig_profiles", "tdm_sharing")
     GPU_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +256,7 @@ class CardCapacity(_message.Message):
     MIG_MEMORY_SLICES_FREE_FIELD_NUMBER: _ClassVar[int]
     FOREIGN_MIG_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MIG_PROFILES_FIELD_NUMBER: _ClassVar[int]
     TDM_SHARING_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     gpu_uuid: str
@@ -253,8 +268,25 @@ class CardCapacity(_message.Message):
     mig_memory_slices_free: int
     foreign_mig_instances: _containers.RepeatedCompositeFieldContainer[ForeignMigInstance]
     hardware_mig_enabled: bool
+    mig_profiles: _containers.RepeatedCompositeFieldContainer[MigProfileRoom]
     tdm_sharing: str
-    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ..., tdm_sharing: _Optional[str] = ...) -> None: ...
+    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfileRoom, _Mapping]]] = ..., tdm_sharing: _Optional[str] = ...) -> None: ...
+
+class MigProfileRoom(_message.Message):
+    __slots__ = ("profile", "profile_id", "memory_bytes", "sm_count", "instance_count", "placeable")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PLACEABLE_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    profile_id: int
+    memory_bytes: int
+    sm_count: int
+    instance_count: int
+    placeable: int
+    def __init__(self, profile: _Optional[str] = ..., profile_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., instance_count: _Optional[int] = ..., placeable: _Optional[int] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("gpu",)

@@ -121,14 +121,16 @@ class GetTopologyResponse(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[TopologyGpu, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[TopologyNic, _Mapping]]] = ..., gpu_links: _Optional[_Iterable[_Union[TopologyLink, _Mapping]]] = ..., nic_links: _Optional[_Iterable[_Union[TopologyLink, _Mapping]]] = ..., numa_nodes: _Optional[_Iterable[int]] = ..., sockets: _Optional[_Iterable[int]] = ..., collected_at: _Optional[float] = ..., source: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PreferredAllocationRequest(_message.Message):
-    __slots__ = ("count", "available", "must_include")
+    __slots__ = ("count", "available", "must_include", "include_faulty_gpus")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     MUST_INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
     count: int
     available: _containers.RepeatedScalarFieldContainer[str]
     must_include: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, count: _Optional[int] = ..., available: _Optional[_Iterable[str]] = ..., must_include: _Optional[_Iterable[str]] = ...) -> None: ...
+    include_faulty_gpus: bool
+    def __init__(self, count: _Optional[int] = ..., available: _Optional[_Iterable[str]] = ..., must_include: _Optional[_Iterable[str]] = ..., include_faulty_gpus: _Optional[bool] = ...) -> None: ...
 
 class NicChoice(_message.Message):
     __slots__ = ("name", "netdevs", "gpu", "link", "level")
@@ -145,17 +147,19 @@ class NicChoice(_message.Message):
     def __init__(self, name: _Optional[str] = ..., netdevs: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., link: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
 
 class PreferredAllocationResponse(_message.Message):
-    __slots__ = ("gpus", "uuids", "nics", "worst_link", "total_distance", "exact")
+    __slots__ = ("gpus", "uuids", "nics", "worst_link", "total_distance", "exact", "excluded_faulty_gpus")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     UUIDS_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
     WORST_LINK_FIELD_NUMBER: _ClassVar[int]
     TOTAL_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     EXACT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedScalarFieldContainer[int]
     uuids: _containers.RepeatedScalarFieldContainer[str]
     nics: _containers.RepeatedCompositeFieldContainer[NicChoice]
     worst_link: str
     total_distance: int
     exact: bool
-    def __init__(self, gpus: _Optional[_Iterable[int]] = ..., uuids: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[_Union[NicChoice, _Mapping]]] = ..., worst_link: _Optional[str] = ..., total_distance: _Optional[int] = ..., exact: _Optional[bool] = ...) -> None: ...
+    excluded_faulty_gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, gpus: _Optional[_Iterable[int]] = ..., uuids: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[_Union[NicChoice, _Mapping]]] = ..., worst_link: _Optional[str] = ..., total_distance: _Optional[int] = ..., exact: _Optional[bool] = ..., excluded_faulty_gpus: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,0 +1,3 @@
+from deviceplugin.main import main
+
+raise SystemExit(main())
