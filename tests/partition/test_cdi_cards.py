@@ -33,7 +33,7 @@ def test_whole_cards_are_published_with_the_partitions(tmp_path: Path) -> None:
             assert not any(
                 n.startswith("/dev/nvidia") and n[11:].isdigit() and n != f"/dev/nvidia{minor}" for n in nodes
             )
-            assert card3["containerEdits"].get("env", []) == []  # the plugin sets the visible devices for all cards at once
+            assert card3["containerEdits"].get("env", []) == []  # the plugin sets the visible devices for all cards
             await parts.manager.set_mode("3", CardMode.TDM)
             record = await parts.manager.create(CreateRequest(Owner(OwnerKind.LEASE, holder="t"), "3", 10, 1024))
             names = {d["name"] for d in json.loads(spec_file.read_text())["devices"]}
