@@ -158,7 +158,8 @@ def _png_size_and_colours(data: bytes) -> tuple[int, int, int]:
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) not installed")
 def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
-    with DaemonProcess(tmp_path) as d:
+    # a deadline a busy CI machine cannot miss by accident: only GPU 3 may need attention on this page
+    with DaemonProcess(tmp_path, deadline=2.0) as d:
         result = d.xpuctl("simulate", "inject", "nvlink_down", "--gpu", "3", "link=4")
         assert result.returncode == 0, result.stderr
         page_text = ""
