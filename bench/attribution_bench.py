@@ -40,7 +40,7 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.sampler import Sampler, SamplerConfig
-from healthd.sim_attribution import SimulatedNode
+from healthd.sim.node import SimulatedNode
 
 NAME = "attribution"
 PROCESSES_PER_POD = 4

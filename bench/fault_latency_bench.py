@@ -45,15 +45,15 @@ from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
 from healthd.config import FaultsSettings, HookSettings  # noqa: E402
+from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
 from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
-from healthd.faults.xid_catalog import XidCatalog, load_catalog  # noqa: E402
-from healthd.logs import configure_logging  # noqa: E402
 from healthd.probes import xid_watcher  # noqa: E402
 from healthd.probes.config import ProbeSettings  # noqa: E402
-from healthd.server import GrpcServer, Service  # noqa: E402
+from healthd.rpc.server import GrpcServer, Service  # noqa: E402
+from healthd.xid.catalog import XidCatalog, load_catalog  # noqa: E402
 
 NAME = "fault_latency"
 TIMEOUT_SECONDS = 30.0  # for one fault to reach the subscriber, and (doubled) the hook

@@ -15,10 +15,10 @@ from pathlib import Path
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
-from healthd.faults.xid_catalog import load_catalog
 from healthd.probes import ProbeSettings, default_probes
-from healthd.probes.kmsg import KmsgRecord, format_record, format_xid, parse_nvrm, parse_record
-from healthd.probes.xid import XidWatcher
+from healthd.xid.catalog import load_catalog
+from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_nvrm, parse_record
+from healthd.xid.watcher import XidWatcher
 
 
 class _Null:

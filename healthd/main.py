@@ -27,23 +27,11 @@ from exporter.http import BindError, Health, MetricsHTTPServer, parse_listen_add
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.status_page import render_status_page
 from exporter.version import VERSION
-from healthd.attribution import AttributionStack
+from healthd.attribution.wiring import AttributionStack
 from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
-from healthd.faults import service as health_service
-from healthd.faults.engine import FaultEngine
-from healthd.faults.journal import Journal
-from healthd.faults.out_of_service import gpus_out_of_service
-from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
-from healthd.lifecycle import Lifecycle
-from healthd.logs import configure_logging
-from healthd.node_status import GrpcHealth, NodeHealth
-from healthd.partition.planner import topology_aware
-from healthd.partition.wiring import Partitions
-from healthd.probes import default_probes, xid_watcher
-from healthd.probes.runner import ProbeRunner
-from healthd.server import GrpcServer, Service
-from healthd.simulation import SimulationService
-from healthd.startup import (
+from healthd.daemon.lifecycle import Lifecycle, LoopHook
+from healthd.daemon.logs import configure_logging
+from healthd.daemon.startup import (
     MOVABLE_STATE,
     StartupError,
     check_references,
@@ -52,11 +40,23 @@ from healthd.startup import (
     move_aside_state,
     option_names,
 )
-from healthd.state_files import CorruptStateError, StateFileError
-from healthd.status_rows import status_providers
-from healthd.systemd import Notifier
-from healthd.topology_wiring import build_topology
-from healthd.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
+from healthd.daemon.state_files import CorruptStateError, StateFileError
+from healthd.daemon.status import GrpcHealth, NodeHealth
+from healthd.daemon.status_rows import status_providers
+from healthd.daemon.systemd import Notifier
+from healthd.faults import service as health_service
+from healthd.faults.engine import FaultEngine
+from healthd.faults.journal import Journal
+from healthd.faults.out_of_service import gpus_out_of_service
+from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
+from healthd.partition.planner import topology_aware
+from healthd.partition.wiring import Partitions
+from healthd.probes import default_probes, xid_watcher
+from healthd.probes.runner import ProbeRunner
+from healthd.rpc.server import GrpcServer, Service
+from healthd.rpc.transport import check_transport, is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
+from healthd.sim.service import SimulationService
+from healthd.topology.wiring import build_topology
 
 log = structlog.get_logger("main")
 
@@ -322,13 +322,21 @@ def _add_simulation(servicer: object, server: object) -> None:
     simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-async def run(config: Config, *, allow_fallback: bool, reload_config: Callable[[], Config] | None = None) -> int:
+async def run(
+    config: Config,
+    *,
+    allow_fallback: bool,
+    reload_config: Callable[[], Config] | None = None,
+    loop_hooks: Sequence[LoopHook] = (),
+) -> int:
     daemon = Daemon(config, allow_fallback=allow_fallback)
-    return await Lifecycle(daemon, Notifier(), reload_config=reload_config).serve()
+    return await Lifecycle(daemon, Notifier(), reload_config=reload_config, loop_hooks=loop_hooks).serve()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Every start-up failure is one line on stderr naming the option, file or address, and exit status 2."""
+def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = ()) -> int:
+    """Every start-up failure is one line on stderr naming the option, file or address, and exit status 2.
+
+    ``loop_hooks`` are called with the running event loop before the daemon starts (tests only)."""
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
@@ -347,7 +355,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _startup_failed(str(exc))
     configure_logging(config.log_level)
     try:
-        return asyncio.run(run(config, allow_fallback=args.config is None, reload_config=lambda: resolve_config(args)))
+        return asyncio.run(
+            run(
+                config,
+                allow_fallback=args.config is None,
+                reload_config=lambda: resolve_config(args),
+                loop_hooks=loop_hooks,
+            )
+        )
     except CorruptStateError as exc:
         again = " ".join([*_location_flags(args), "--move-aside", exc.kind])
         return _startup_failed(f"{exc} To start without it: xpu-healthd {again}, then start the daemon again.")

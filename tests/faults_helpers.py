@@ -94,7 +94,7 @@ class DaemonThread:
         from healthd.config import HookSettings
         from healthd.faults import service as health_service
         from healthd.faults.runtime import FaultRuntime
-        from healthd.server import GrpcServer, Service
+        from healthd.rpc.server import GrpcServer, Service
 
         self.address = f"unix:{socket}"
         settings = replace(SETTINGS, **fault_overrides)  # type: ignore[arg-type]

@@ -25,9 +25,9 @@ from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.config import parse_config
 from healthd.faults.model import Action
-from healthd.faults.xid_catalog import load_catalog
 from healthd.probes import default_probes
 from healthd.probes.base import Probe
+from healthd.xid.catalog import load_catalog
 from tests.conftest import FakeClock
 
 ALERTS = Path(__file__).resolve().parent.parent / "alerts"

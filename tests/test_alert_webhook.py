@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthd.alert_webhook import (
+from healthd.hook.alertmanager import (
     AlertWebhookServer,
     ForwardError,
     JsonLinesForwarder,

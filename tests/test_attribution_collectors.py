@@ -22,7 +22,7 @@ from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from healthd.sim_attribution import SimulatedNode, container_id, pod_uid
+from healthd.sim.node import SimulatedNode, container_id, pod_uid
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler
-from healthd.attribution import AttributionStack
+from healthd.attribution.wiring import AttributionStack
 from healthd.config import AttributionSettings, ConfigError, parse_config
 
 

@@ -15,7 +15,7 @@ import structlog
 from exporter.attribution.api.podresources.v1 import api_pb2 as pb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc
 from exporter.attribution.kubelet import DeviceAllocation, KubeletPodResources, split_device_id
-from healthd.sim_attribution import SimulatedKubelet
+from healthd.sim.node import SimulatedKubelet
 
 GPU0 = "GPU-5a1c0e3e-8f2b-4c61-9d0a-1b7e2c3d4f50"
 GPU1 = "GPU-5a1c0e3e-8f2b-4c61-9d0a-1b7e2c3d4f51"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from healthd.config import Config, ConfigError, load_config, parse_config
-from healthd.reload import flatten, plan_reload
+from healthd.daemon.reload import flatten, plan_reload
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "packaging" / "healthd.toml"

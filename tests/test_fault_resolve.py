@@ -14,7 +14,7 @@ from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults import service as health_service
 from healthd.faults.fault import FaultState
 from healthd.faults.model import Action, Severity
-from healthd.server import GrpcServer, Service
+from healthd.rpc.server import GrpcServer, Service
 
 
 def test_engine_resolves_an_active_fault_and_journals_the_reason(tmp_path: Path) -> None:

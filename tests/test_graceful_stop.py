@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-from healthd.server import GrpcServer, Service
+from healthd.rpc.server import GrpcServer, Service
 
 METHOD = "/xpu.test.Slow/Echo"
 

@@ -26,11 +26,11 @@ from healthd.api.v1 import simulation_pb2 as spb
 from healthd.api.v1 import simulation_pb2_grpc as spb_grpc
 from healthd.api.v1 import topology_pb2 as tpb
 from healthd.api.v1 import topology_pb2_grpc as tpb_grpc
-from healthd.server import GrpcServer, Service
-from healthd.simulation import SimulationService
-from healthd.topology_service import TopologyService
-from healthd.topology_wiring import _add_topology
-from healthd.validation import InvalidField, parse_ascii_uint, parse_gpu_ref, quote
+from healthd.rpc.server import GrpcServer, Service
+from healthd.rpc.validation import InvalidField, parse_ascii_uint, parse_gpu_ref, quote
+from healthd.sim.service import SimulationService
+from healthd.topology.service import TopologyService
+from healthd.topology.wiring import _add_topology
 from tests.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent

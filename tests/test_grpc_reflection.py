@@ -21,9 +21,9 @@ from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
 from exporter.backends.simulated import SimulatedBackend
 from healthd.main import _add_simulation
-from healthd.reflection import V1_FILE, V1_SERVICE, v1_file_descriptor
-from healthd.server import GrpcServer, Service
-from healthd.simulation import SimulationService
+from healthd.rpc.reflection import V1_FILE, V1_SERVICE, v1_file_descriptor
+from healthd.rpc.server import GrpcServer, Service
+from healthd.sim.service import SimulationService
 
 SERVICES = {
     "grpc.health.v1.Health",
@@ -148,7 +148,7 @@ def test_reflection_v1_answers_many_requests_on_one_stream(address: str) -> None
 
 
 def test_registration_is_idempotent() -> None:
-    from healthd.reflection import register_v1_descriptor
+    from healthd.rpc.reflection import register_v1_descriptor
 
     pool = descriptor_pool.Default()
     register_v1_descriptor(pool)

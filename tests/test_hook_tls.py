@@ -21,7 +21,7 @@ from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 from healthd.config import Config, ConfigError, HookSettings, parse_config
 from healthd.faults.model import Action, Severity
-from healthd.transport import check_transport, load_hook_tls
+from healthd.rpc.transport import check_transport, load_hook_tls
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +186,7 @@ def test_check_config_and_hook_serve_refuse_plaintext_tcp(tmp_path: Path) -> Non
 def test_alert_webhook_forwards_to_a_tcp_hook_over_mtls_only(
     hook: TlsHook, certs: dict[str, Path], tmp_path: Path
 ) -> None:
-    from healthd.alert_webhook import ForwardError, GrpcHookForwarder
+    from healthd.hook.alertmanager import ForwardError, GrpcHookForwarder
 
     target = f"127.0.0.1:{hook.port}"
     tls = load_hook_tls(settings(hook.port, certs))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 from servicehelpers import NotifySocket, running_daemon
 
-from healthd.systemd import Notifier, Progress, SamplerProgress, Watchdog, watchdog_interval
+from healthd.daemon.systemd import Notifier, Progress, SamplerProgress, Watchdog, watchdog_interval
 
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
 
@@ -75,12 +76,12 @@ def test_ready_watchdog_status_then_stopping(tmp_path: Path, notify: NotifySocke
 
 @pytest.mark.e2e
 def test_blocked_event_loop_stops_the_watchdog(tmp_path: Path, notify: NotifySocket) -> None:
-    env = daemon_env(notify, XPU_HEALTHD_TEST_HOOKS="1")
-    with running_daemon(daemon_args(tmp_path), env) as daemon:
+    blocker = [sys.executable, "-m", "tests.support.loop_blocker"]  # SIGUSR2 blocks its event loop
+    with running_daemon(daemon_args(tmp_path), daemon_env(notify), python=blocker) as daemon:
         notify.wait_for("READY")
         notify.wait_for("WATCHDOG")
         notify.wait_for("WATCHDOG")
-        daemon.signal(signal.SIGUSR2)  # test-only hook: a synchronous sleep on the event loop
+        daemon.signal(signal.SIGUSR2)  # a synchronous sleep on the event loop
         daemon.wait_event("test hook: blocking the event loop")
         notify.drain(0.3)  # a ping already on its way before the block
         window = notify.drain(2.0)  # ten ping intervals

@@ -64,7 +64,7 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
-    from healthd.topology_wiring import build_topology
+    from healthd.topology.wiring import build_topology
 
     config = Config(state_dir=tmp_path / "state", simulate="h200x1")
     backend = SimulatedBackend.from_name("h200x1")

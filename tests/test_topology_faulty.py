@@ -13,9 +13,9 @@ from topology_fixtures import fixture_topology
 from exporter.topology.refresher import RefreshStatus
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.server import GrpcServer, Service
-from healthd.topology_service import TopologyService
-from healthd.topology_wiring import _add_topology
+from healthd.rpc.server import GrpcServer, Service
+from healthd.topology.service import TopologyService
+from healthd.topology.wiring import _add_topology
 
 
 def test_faulty_cards_are_left_out(tmp_path: Path) -> None:

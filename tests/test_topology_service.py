@@ -19,9 +19,9 @@ from exporter.topology.refresher import RefreshStatus
 from healthd import cli
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.server import GrpcServer, Service
-from healthd.topology_service import TopologyService, topology_from_pb, topology_to_pb
-from healthd.topology_wiring import _add_topology
+from healthd.rpc.server import GrpcServer, Service
+from healthd.topology.service import TopologyService, topology_from_pb, topology_to_pb
+from healthd.topology.wiring import _add_topology
 
 
 class Server:

@@ -28,8 +28,8 @@ from servicehelpers import NotifySocket, Pki, make_pki, running_daemon
 from exporter.http import Health, MetricsHTTPServer
 from exporter.webconfig import WebConfigError, load_web_config
 from healthd.config import ConfigError, TransportSettings
-from healthd.server import GrpcServer
-from healthd.transport import load_grpc_tls
+from healthd.rpc.server import GrpcServer
+from healthd.rpc.transport import load_grpc_tls
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from healthd.probes.kmsg import KmsgRecord, format_record, format_xid
+from healthd.xid.kmsg import KmsgRecord, format_record, format_xid
 from tests.daemon import DaemonProcess
 from tests.test_daemon_e2e import wait_for
 

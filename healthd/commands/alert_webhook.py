@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 
 from exporter.http import parse_listen_address
-from healthd.alert_webhook import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
 from healthd.config import ConfigError, HookSettings
-from healthd.logs import configure_logging
-from healthd.transport import HookClientTls, is_tcp, load_hook_tls
+from healthd.daemon.logs import configure_logging
+from healthd.hook.alertmanager import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
+from healthd.rpc.transport import HookClientTls, is_tcp, load_hook_tls
 
 
 def grpc_forwarder_factory(tls: HookClientTls | None = None) -> ForwarderFactory | None:

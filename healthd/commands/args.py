@@ -1,4 +1,4 @@
-"""xpuctl's argument types: the same rules as the daemon's request checks (healthd/validation.py), applied before
+"""xpuctl's argument types: the same rules as the daemon's request checks (healthd/rpc/validation.py), applied before
 anything is sent, so a bad value gets one clear line and exit code 2, never a traceback or Python's own text.
 
 argparse's ``type=int`` would take "٣" as 3 and "1_000" as 1000, and a value past a protobuf field's range would
@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from healthd.partition.errors import PartitionError
 from healthd.partition.quantity import parse_memory_mib
-from healthd.validation import InvalidField, check_ascii_token, parse_ascii_uint, parse_gpu_ref, quote
+from healthd.rpc.validation import InvalidField, check_ascii_token, parse_ascii_uint, parse_gpu_ref, quote
 
 _DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{0,9})?|\.[0-9]{1,9}", re.ASCII)
 MAX_PARTITION_ID_CHARS = 64

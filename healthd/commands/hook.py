@@ -1,4 +1,4 @@
-"""`xpuctl hook serve`: the reference standby-replacement hook (see healthd/faults/hookserver.py)."""
+"""`xpuctl hook serve`: the reference standby-replacement hook (see healthd/hook/reference.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import grpc
 
 from healthd.commands.args import check_positive_seconds
 from healthd.config import ConfigError, check_grpc_address
-from healthd.state_files import CorruptStateError, StateFileError, move_aside
-from healthd.transport import GrpcTls, is_tcp, load_pem_files
+from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
+from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
 
 DEFAULT_STATE = Path("/var/lib/xpu-runtime-kit/hook.sqlite")
 
 
 def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
-    from healthd.faults.hookserver import serve
-    from healthd.logs import configure_logging
+    from healthd.daemon.logs import configure_logging
+    from healthd.hook.reference import serve
 
     try:
         check_grpc_address(args.listen, "--listen")
@@ -73,7 +73,7 @@ def _server_tls(args: argparse.Namespace) -> GrpcTls | None:
 
 def cmd_hook_move_aside(args: argparse.Namespace, channel: grpc.Channel) -> int:
     """Move a corrupt hook state file aside (never a readable one: that would forget work for no reason)."""
-    from healthd.faults.hookserver import ExecutionStore
+    from healthd.hook.reference import ExecutionStore
 
     path: Path = args.state
     if not path.exists():

@@ -17,7 +17,7 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from exporter.topology.matrix import render_matrix
     from healthd.api.v1 import topology_pb2 as pb
     from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-    from healthd.topology_service import topology_from_pb
+    from healthd.topology.service import topology_from_pb
 
     stub = pb_grpc.TopologyStub(channel)  # type: ignore[no-untyped-call]
     if args.preferred is None:

@@ -23,7 +23,7 @@ from healthd.config import ConfigError, HookSettings
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
-from healthd.transport import hook_channel, is_tcp, load_hook_tls
+from healthd.rpc.transport import hook_channel, is_tcp, load_hook_tls
 
 T = TypeVar("T")
 log = structlog.get_logger("hook")

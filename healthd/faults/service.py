@@ -16,8 +16,8 @@ from healthd.faults.engine import FaultEngine
 from healthd.faults.fault import FaultFilter, FaultState
 from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
-from healthd.rpc_errors import failure, from_invalid_field, not_found
-from healthd.validation import InvalidField, check_ascii_token, check_text, parse_gpu_ref, quote
+from healthd.rpc.errors import failure, from_invalid_field, not_found
+from healthd.rpc.validation import InvalidField, check_ascii_token, check_text, parse_gpu_ref, quote
 
 T = TypeVar("T")
 SERVICE_NAME = "xpu.runtime.v1.Health"

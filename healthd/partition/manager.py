@@ -43,7 +43,7 @@ from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.planner import Occupied, Quota
 from healthd.partition.sharing import CardSharing, SharingPolicy
 from healthd.partition.store import Store
-from healthd.validation import InvalidField, parse_gpu_ref, quote
+from healthd.rpc.validation import InvalidField, parse_gpu_ref, quote
 
 __all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View"]
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from healthd.partition.errors import invalid
-from healthd.validation import quote
+from healthd.rpc.validation import quote
 
 
 class CardMode(enum.StrEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from healthd.partition.errors import invalid
-from healthd.validation import quote
+from healthd.rpc.validation import quote
 
 MEMORY_GRANULARITY_MIB = 128
 MIB = 2**20

@@ -2,7 +2,7 @@
 
 Every field of every request is checked here: references to cards (ASCII digits or a GPU UUID), partition ids,
 owners, quotas, seconds and the idempotency key, each with a length cap. Errors quote at most 100 characters of
-what the client sent (healthd/validation.py).
+what the client sent (healthd/rpc/validation.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import grpc
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.model import Owner, OwnerKind
 from healthd.partition.quantity import check_compute_percent, parse_memory_mib
-from healthd.rpc_errors import RpcFailure, invalid_argument, not_found
-from healthd.validation import (
+from healthd.rpc.errors import RpcFailure, invalid_argument, not_found
+from healthd.rpc.validation import (
     GpuRef,
     InvalidField,
     check_ascii_token,

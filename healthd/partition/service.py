@@ -24,8 +24,8 @@ from healthd.partition.manager import CardCapacity, CreateRequest, PartitionMana
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
 from healthd.partition.quantity import MIB
 from healthd.partition.sharing import SharingPolicy
-from healthd.rpc_errors import failure, from_invalid_field
-from healthd.validation import InvalidField
+from healthd.rpc.errors import failure, from_invalid_field
+from healthd.rpc.validation import InvalidField
 
 log = structlog.get_logger("partition.service")
 

@@ -32,7 +32,7 @@ from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.simdevices import simulated_host_devices
-from healthd.server import GrpcServer, Service
+from healthd.rpc.server import GrpcServer, Service
 
 log = structlog.get_logger("partition")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from exporter.backends.protocol import Backend
 from exporter.snapshot import Snapshot
-from healthd.faults.xid_catalog import load_catalog
 from healthd.probes.base import Probe
 from healthd.probes.config import ProbeSettings
 from healthd.probes.configuration import ConfigurationProbe
@@ -23,7 +22,8 @@ from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings
 from healthd.probes.nvlink import NvLinkProbe
 from healthd.probes.pcie import PcieProbe
 from healthd.probes.throttle import ThrottleProbe
-from healthd.probes.xid import EventSink, XidWatcher
+from healthd.xid.catalog import load_catalog
+from healthd.xid.watcher import EventSink, XidWatcher
 
 
 def default_probes(settings: ProbeSettings, *, state_dir: Path | None, simulated: bool) -> list[Probe]:

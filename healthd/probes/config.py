@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter.backends.types import ComputeMode
-from healthd.faults.xid_catalog import CatalogError, XidOverride, parse_overrides
 from healthd.probes.configuration import ConfigurationExpectations
 from healthd.probes.ecc import EccThresholds
 from healthd.probes.memory_leak import MemoryLeakThresholds
 from healthd.probes.nvlink import NvLinkThresholds
 from healthd.probes.pcie import PcieThresholds
 from healthd.probes.throttle import ThrottleThresholds
-from healthd.probes.xid import XidSettings
+from healthd.xid.catalog import CatalogError, XidOverride, parse_overrides
+from healthd.xid.watcher import XidSettings
 
 MIB = 2**20
 

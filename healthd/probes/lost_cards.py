@@ -20,7 +20,7 @@ from exporter.atomic_file import write_text_atomic
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, ProbeReport, Severity
 from healthd.probes.common import ReportBuilder, evidence
-from healthd.probes.kmsg import normalize_pci
+from healthd.xid.kmsg import normalize_pci
 
 log = structlog.get_logger("lost_cards")
 

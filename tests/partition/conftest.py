@@ -19,7 +19,7 @@ from healthd.partition.service import PartitionsService
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 from healthd.partition.wiring import SERVICE_NAME, add_partitions
-from healthd.server import GrpcServer, Service
+from healthd.rpc.server import GrpcServer, Service
 
 
 class FakeClock:

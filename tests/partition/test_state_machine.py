@@ -27,7 +27,7 @@ from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
 from healthd.partition.store import Store
 from healthd.partition.wiring import SERVICE_NAME, add_partitions
-from healthd.server import GrpcServer, Service
+from healthd.rpc.server import GrpcServer, Service
 from tests.partition.conftest import FakeClock
 
 FAST = DeadlineSettings(read_seconds=0.3, change_seconds=0.5, open_seconds=1.0)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthd.probes.kmsg import (
+from healthd.xid.kmsg import (
     KmsgReader,
     KmsgRecord,
     NvrmDecoder,

@@ -9,9 +9,9 @@ import structlog.testing
 
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, Severity
-from healthd.faults.xid_catalog import CatalogError, XidOverride, load_catalog, parse_overrides
-from healthd.probes.kmsg import KmsgRecord, format_record, format_xid, parse_record
-from healthd.probes.xid import XidSettings, XidWatcher
+from healthd.xid.catalog import CatalogError, XidOverride, load_catalog, parse_overrides
+from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_record
+from healthd.xid.watcher import XidSettings, XidWatcher
 from tests.probes.conftest import FakeClock, Node
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kmsg-nvrm.txt"

@@ -1,4 +1,4 @@
-"""The XID catalog: versioned data (xid_catalog.toml) mapping each XID to a severity and an action.
+"""The XID catalog: versioned data (catalog.toml) mapping each XID to a severity and an action.
 
 Config overrides change single XIDs. Application-level XIDs (caused by the program, not the card) are capped at
 ``Action.RESTART_APP`` after overrides are applied, so no configuration can make them reset, reboot or replace.
@@ -84,8 +84,8 @@ class XidCatalog:
 def load_catalog(path: Path | None = None, overrides: Mapping[int, XidOverride] | None = None) -> XidCatalog:
     """The built-in catalog (or the file at ``path``) with ``overrides`` applied."""
     if path is None:
-        text = resources.files("healthd.faults").joinpath("xid_catalog.toml").read_text()
-        source = "built-in xid_catalog.toml"
+        text = resources.files("healthd.xid").joinpath("catalog.toml").read_text()
+        source = "built-in XID catalog (healthd/xid/catalog.toml)"
     else:
         try:
             text = path.read_text()

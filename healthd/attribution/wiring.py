@@ -20,7 +20,7 @@ from exporter.collectors.process import ProcessCollector
 from exporter.sampler import Sampler
 from exporter.snapshot import Snapshot
 from healthd.config import AttributionSettings
-from healthd.sim_attribution import SimulatedNode
+from healthd.sim.node import SimulatedNode
 
 log = structlog.get_logger("attribution")
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
-from healthd.transport import HookClientTls, hook_credentials, is_tcp
+from healthd.rpc.transport import HookClientTls, hook_credentials, is_tcp
 
 log = structlog.get_logger("alert_webhook")
 

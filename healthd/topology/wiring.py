@@ -21,8 +21,8 @@ from exporter.topology.layout import simulated_sysfs
 from exporter.topology.nfd import FeatureFilePublisher
 from exporter.topology.refresher import RefresherConfig, TopologyRefresher
 from healthd.config import Config
-from healthd.server import Service
-from healthd.topology_service import TopologyService
+from healthd.rpc.server import Service
+from healthd.topology.service import TopologyService
 
 log = structlog.get_logger("topology")
 

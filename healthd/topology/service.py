@@ -14,7 +14,7 @@ from exporter.topology.model import Gpu, Link, LinkKind, Nic, PcieLocation, Topo
 from exporter.topology.refresher import RefreshStatus
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.rpc_errors import (
+from healthd.rpc.errors import (
     failed_precondition,
     failure,
     from_invalid_field,
@@ -22,7 +22,7 @@ from healthd.rpc_errors import (
     not_found,
     unavailable,
 )
-from healthd.validation import InvalidField, parse_gpu_ref, quote
+from healthd.rpc.validation import InvalidField, parse_gpu_ref, quote
 
 _KIND_TO_PB = {kind: getattr(pb, f"LINK_KIND_{kind.name}") for kind in LinkKind}
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}

@@ -12,23 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from exporter.webconfig import WebConfigError
 from healthd.config import Config, ConfigError
-from healthd.logs import configure_logging
-from healthd.reload import plan_reload
-from healthd.systemd import Notifier, SamplerProgress, Watchdog, watchdog_interval
-from healthd.testhooks import install_test_hooks
-from healthd.transport import check_transport, load_metrics_web_config
+from healthd.daemon.logs import configure_logging
+from healthd.daemon.reload import plan_reload
+from healthd.daemon.systemd import Notifier, SamplerProgress, Watchdog, watchdog_interval
+from healthd.rpc.transport import check_transport, load_metrics_web_config
 
 if TYPE_CHECKING:
     from healthd.main import Daemon
 
 log = structlog.get_logger("lifecycle")
+
+LoopHook = Callable[[asyncio.AbstractEventLoop], object]  # called once with the running loop, before start
 
 # SIGTERM to exit: within 10 s whatever is hung (systemd's TimeoutStopSec is 30 s); the daemon's own budget
 STOP_BUDGET_SECONDS = 8.0
@@ -42,8 +43,10 @@ class Lifecycle:
         *,
         reload_config: Callable[[], Config] | None = None,
         watchdog_seconds: float | None = None,
+        loop_hooks: Sequence[LoopHook] = (),
     ) -> None:
         self._daemon = daemon
+        self._loop_hooks = tuple(loop_hooks)
         self._notifier = notifier
         self._reload_config = reload_config
         self._watchdog_seconds = watchdog_seconds if watchdog_seconds is not None else watchdog_interval()
@@ -55,7 +58,8 @@ class Lifecycle:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._schedule_reload)
-        install_test_hooks(loop)
+        for hook in self._loop_hooks:  # e.g. a test's way to block the loop on purpose
+            hook(loop)
         daemon = self._daemon
         await daemon.start()
         while daemon.sampler.latest() is None and not self._stop.is_set():

@@ -24,7 +24,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from healthd.rpc_errors import RpcFailure, abort, corrupt_request
+from healthd.rpc.errors import RpcFailure, abort, corrupt_request
 
 log = structlog.get_logger("grpc")
 

@@ -17,8 +17,8 @@ from exporter.backends.protocol import Backend
 from exporter.backends.simulated import FAULT_PARAMS, SimulatedBackend
 from healthd.api.v1 import simulation_pb2 as pb
 from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
-from healthd.rpc_errors import failed_precondition, from_invalid_field, invalid_argument, not_found
-from healthd.validation import InvalidField, check_ascii_token, parse_ascii_uint, quote
+from healthd.rpc.errors import failed_precondition, from_invalid_field, invalid_argument, not_found
+from healthd.rpc.validation import InvalidField, check_ascii_token, parse_ascii_uint, quote
 
 MAX_PARAMS = 16
 MAX_KIND_CHARS = 32

@@ -5,7 +5,7 @@ metadata such as the GPU), INVALID_ARGUMENT a ``BadRequest`` with one field viol
 ``ResourceInfo`` naming what was looked up. The details travel in the ``grpc-status-details-bin`` trailer, as
 grpcio-status and the other gRPC implementations read them.
 
-Handlers raise :class:`RpcFailure`; the server's guard (healthd/rpc_guard.py) turns it into the status.
+Handlers raise :class:`RpcFailure`; the server's guard (healthd/rpc/guard.py) turns it into the status.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from healthd.validation import QUOTE_CHARS, InvalidField
+from healthd.rpc.validation import QUOTE_CHARS, InvalidField
 
 DOMAIN = "xpu-runtime-kit.io"
 MAX_MESSAGE_CHARS = 1000  # a status message is response metadata: keep it far below gRPC's 8 KiB soft limit

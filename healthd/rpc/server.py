@@ -1,6 +1,6 @@
 """The daemon's gRPC server: our services plus standard health and reflection, on a unix socket (and TCP).
 
-Every call passes the request guard (healthd/rpc_guard.py): a request that does not decode is INVALID_ARGUMENT and
+Every call passes the request guard (healthd/rpc/guard.py): a request that does not decode is INVALID_ARGUMENT and
 no handler exception reaches a client as Python text. Reflection answers in both the v1 and v1alpha protocols.
 """
 
@@ -16,9 +16,9 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from healthd.reflection import enable_reflection
-from healthd.rpc_guard import RequestGuard
-from healthd.transport import GrpcTls, secure_socket, server_credentials
+from healthd.rpc.guard import RequestGuard
+from healthd.rpc.reflection import enable_reflection
+from healthd.rpc.transport import GrpcTls, secure_socket, server_credentials
 
 log = structlog.get_logger("grpc")
 

@@ -28,8 +28,8 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Finding, GpuRef
-from healthd.faults.xid_catalog import XidCatalog
-from healthd.probes.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
+from healthd.xid.catalog import XidCatalog
+from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
 
 log = structlog.get_logger("xid")
 
