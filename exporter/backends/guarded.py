@@ -185,15 +185,7 @@ class Lane:
     def expiry(self, job: _Job) -> float | None:
         """When the wait for ``job`` runs out (monotonic), or None once it is done."""
         with self._cond:
-            if job.future.done():
-                return None
-            if job.started is not None:
-                return job.started + job.deadline
-            current = self._current
-            if current is not None and current.started is not None:
-                # queued behind a running call: decided when that one passes its deadline (or returns)
-                return max(current.started + current.deadline, job.submitted + job.deadline)
-            return job.submitted + job.deadline
+            return self._expiry_locked(job)
 
     def expire(self, job: _Job, now: float) -> None:
         """Called by a waiter whose wait ran out: mark the lane hung and fail what cannot finish in time."""
@@ -203,7 +195,8 @@ class Lane:
                 return
             if job is self._current:
                 return  # still running and not yet past its own deadline (the waiter woke early)
-            if job.started is None and now >= job.submitted + job.deadline:
+            expiry = self._expiry_locked(job)
+            if job.started is None and expiry is not None and now >= expiry:
                 # queued behind a slow call that is not (yet) past its deadline: give up on this one only
                 self._queue.remove(job)
                 running = self._current.call if self._current else "?"
@@ -234,6 +227,18 @@ class Lane:
         return not self._thread.is_alive()
 
     # -- internals (hold self._cond) -----------------------------------------------------------------------------
+
+    def _expiry_locked(self, job: _Job) -> float | None:
+        if job.future.done():
+            return None
+        if job.started is not None:
+            return job.started + job.deadline
+        current = self._current
+        if current is not None and current.started is not None:
+            # queued behind a running call: decided when that one passes its deadline (or returns); the running
+            # call may have started after this one was queued, so the waiter asks again rather than give up early
+            return max(current.started + current.deadline, job.submitted + job.deadline)
+        return job.submitted + job.deadline
 
     def _expire_locked(self, now: float) -> None:
         current = self._current
