@@ -203,6 +203,18 @@ def test_notifier_sends_datagrams(tmp_path: Path, prefer_systemd_python: bool, m
         sock.close()
 
 
+@pytest.mark.parametrize("prefer_systemd_python", [True, False])
+def test_a_notify_socket_that_went_away_is_not_an_error(
+    tmp_path: Path, prefer_systemd_python: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock = NotifySocket(tmp_path / "n.sock")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(sock.path))
+    notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)}, prefer_systemd_python=prefer_systemd_python)
+    sock.close()
+    (tmp_path / "n.sock").unlink(missing_ok=True)
+    assert notifier.stopping() is False  # said, not raised: stopping must go on
+
+
 def test_datagram_fallback_reaches_an_abstract_socket() -> None:
     name = f"xpu-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:

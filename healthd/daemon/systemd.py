@@ -30,7 +30,10 @@ def _systemd_python_sender() -> NotifySender | None:
         return None
 
     def send(message: str) -> bool:
-        return bool(daemon.notify(message))
+        try:
+            return bool(daemon.notify(message))
+        except OSError:  # the socket went away (the manager restarted, a test's listener left): not our failure
+            return False
 
     return send
 
