@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ class DaemonProcess:
         if scenario is not None:
             self.args += ["--simulate", scenario]
         self.env = {**os.environ, **(env or {})}
+        self._caller_notify = "NOTIFY_SOCKET" in self.env
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,19 +62,50 @@ class DaemonProcess:
         return f"unix:{self.socket}"
 
     def start(self, ready_timeout: float = 30.0) -> DaemonProcess:
+        """Start it and wait for READY=1 on a notify socket of our own, as systemd would (every component has
+        started), unless the caller set NOTIFY_SOCKET itself; then /healthz and the socket are the sign."""
+        notify = self._notify_socket()
         self._log_file = self.log.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if self.get("/healthz")[0] == 200 and self.socket.exists():
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                if notify is not None:
+                    if self._ready_sent(notify):
+                        return self
+                    continue
+                try:
+                    if self.get("/healthz")[0] == 200 and self.socket.exists():
+                        return self
+                except OSError:
+                    pass
+                time.sleep(0.1)
+        finally:
+            if notify is not None:  # later messages fail at once in the daemon (the notifier ignores that)
+                notify.close()
+                (self.tmp / "notify.sock").unlink(missing_ok=True)
         raise RuntimeError(f"daemon not ready in {ready_timeout}s:\n{self.log.read_text()}")
+
+    def _notify_socket(self) -> socket.socket | None:
+        path = self.tmp / "notify.sock"
+        if self._caller_notify or len(str(path)) >= 100:
+            return None
+        path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(path))
+        sock.settimeout(0.1)
+        self.env = {**self.env, "NOTIFY_SOCKET": str(path)}
+        return sock
+
+    @staticmethod
+    def _ready_sent(notify: socket.socket) -> bool:
+        try:
+            message = notify.recv(4096).decode(errors="replace")
+        except TimeoutError:
+            return False
+        return "READY=1" in message.split("\n")
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         try:
