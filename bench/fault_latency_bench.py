@@ -44,16 +44,15 @@ from exporter.backends.simulated import SimulatedBackend  # noqa: E402
 from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
-from healthd.config import FaultsSettings, HookSettings  # noqa: E402
 from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
 from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
-from healthd.probes import xid_watcher  # noqa: E402
-from healthd.probes.config import ProbeSettings  # noqa: E402
+from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
 from healthd.xid.catalog import XidCatalog, load_catalog  # noqa: E402
+from healthd.xid.watcher import XidSettings, build_watcher  # noqa: E402
 
 NAME = "fault_latency"
 TIMEOUT_SECONDS = 30.0  # for one fault to reach the subscriber, and (doubled) the hook
@@ -100,7 +99,7 @@ class xid_injector:  # noqa: N801 - used like a function
         self._sampler.run_once()  # the watcher maps driver events to cards through the inventory
         catalog = load_catalog()
         self._codes = action_xids(catalog)
-        self._watcher = xid_watcher(ProbeSettings(), self._sim, runtime.engine, self._sampler.latest, simulated=True)
+        self._watcher = build_watcher(XidSettings(), self._sim, runtime.engine, self._sampler.latest, kmsg_path=None)
         self._watcher.start()
 
     @property

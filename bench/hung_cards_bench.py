@@ -169,7 +169,7 @@ class Daemon:
             "[sampler]\ninterval_seconds = 1.0\n"
             f'[hook]\nendpoints = ["unix:{hook_socket}"]\nbackoff_initial_seconds = 0.2\nbackoff_max_seconds = 1.0\n'
             f"[partitions]\nreconcile_interval_seconds = {reconcile_seconds}\n"
-            f'admin_socket = "{self.admin}"\n'
+            f'[daemon]\nadmin_socket = "{self.admin}"\n'
         )
         self.log_path = tmp / "daemon.log"
         self.args = [

@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from healthd.partition.mps import MPS_CONTROL_BINARY, MpsDaemonSpec, MpsError, NvidiaMpsControl
+from healthd.partition.mps import MPS_CONTROL_BINARY, MpsError, NvidiaMpsControl
 from healthd.partition.mps_launch import DetachedLauncher
+from healthd.partition.mps_spec import MpsDaemonSpec
 
 PHASES = ("start", "get_server_list", "quit")
 

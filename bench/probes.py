@@ -15,7 +15,7 @@ from pathlib import Path
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
-from healthd.probes import ProbeSettings, default_probes
+from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.xid.catalog import load_catalog
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_nvrm, parse_record
 from healthd.xid.watcher import XidWatcher
@@ -31,7 +31,7 @@ def main() -> None:
     backend = SimulatedBackend(load_scenario("h200x8"), clock=lambda: clock_t[0])
     sampler = Sampler(backend, SamplerConfig(5.0, 2.0), clock=lambda: clock_t[0])
     with tempfile.TemporaryDirectory() as state:
-        probes = default_probes(ProbeSettings(), state_dir=Path(state), simulated=False)
+        probes = default_probes(HealthSettings(), ProbeHost(Path("/proc"), Path("/sys"), Path(state)))
         snaps = []
         for _ in range(50):
             clock_t[0] += 5

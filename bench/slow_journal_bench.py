@@ -30,15 +30,14 @@ from exporter.backends.simulated import SimulatedBackend  # noqa: E402
 from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
-from healthd.config import FaultsSettings, HookSettings  # noqa: E402
 from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.fault import Fault, FaultRecord  # noqa: E402
 from healthd.faults.journal import Change, Journal  # noqa: E402
 from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
-from healthd.probes import default_probes  # noqa: E402
-from healthd.probes.config import ProbeSettings  # noqa: E402
+from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
+from healthd.probes import HealthSettings, ProbeHost, default_probes  # noqa: E402
 from healthd.probes.runner import ProbeRunner  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
 
@@ -76,7 +75,7 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
         asyncio.run_coroutine_threadsafe(start(), loop).result(30)
         backend = SimulatedBackend.from_name("h200x8")
         sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
-        runner = ProbeRunner(default_probes(ProbeSettings(), state_dir=root, simulated=True), runtime.engine)
+        runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=root)), runtime.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         stop = threading.Event()
         written = [0]

@@ -103,8 +103,9 @@ def private_daemon(tmp: Path, simulated: bool) -> Iterator[list[str]]:
     sock, admin = tmp / "healthd.sock", tmp / "admin.sock"
     config = tmp / "healthd.toml"
     config.write_text(
+        f'[daemon]\nadmin_socket = "{admin}"\n[host]\ncdi_dir = "{tmp / "cdi"}"\n'
         "[partitions]\n"
-        f'runtime_dir = "{tmp / "run"}"\nadmin_socket = "{admin}"\ncdi_dir = "{tmp / "cdi"}"\n'
+        f'runtime_dir = "{tmp / "run"}"\n'
         'cdi_driver_libraries = "off"\nreconcile_interval_seconds = 5.0\n'
         "[topology]\nenabled = false\n"
     )

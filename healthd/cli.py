@@ -10,9 +10,11 @@ from typing import Any
 
 import grpc
 
-from healthd.commands import COMMANDS
+from healthd.commands import alert_webhook, faults, health, hook, partitions, simulate, topology, web
 from healthd.commands.args import Parser, check_positive_seconds
-from healthd.config import default_grpc_listen
+from healthd.rpc.addresses import default_grpc_listen
+
+COMMANDS = (simulate, faults, health, hook, partitions, topology, alert_webhook, web)  # adding one is one line here
 
 EXIT_USAGE = 2
 EXIT_RPC = 1

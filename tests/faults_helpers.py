@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from healthd.config import FaultsSettings
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.faults.settings import FaultsSettings
 
 GPU0 = GpuRef(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:18:00.0")
 GPU1 = GpuRef(1, "GPU-bbbbbbbb-1111-1111-1111-111111111111", "00000000:2A:00.0")
@@ -91,9 +91,9 @@ class DaemonThread:
         import asyncio
         import threading
 
-        from healthd.config import HookSettings
         from healthd.faults import service as health_service
         from healthd.faults.runtime import FaultRuntime
+        from healthd.faults.settings import HookSettings
         from healthd.rpc.server import GrpcServer, Service
 
         self.address = f"unix:{socket}"

@@ -25,7 +25,7 @@ from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.config import parse_config
 from healthd.faults.model import Action
-from healthd.probes import default_probes
+from healthd.probes import ProbeHost, default_probes
 from healthd.probes.base import Probe
 from healthd.xid.catalog import load_catalog
 from tests.conftest import FakeClock
@@ -163,7 +163,7 @@ def raised() -> dict[str, set[Action]]:
     backend = SimulatedBackend(load_scenario("h200x8"), clock=clock)
     sampler = Sampler(backend, SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0), clock=clock)
     settings = parse_config({"health": {"lost_cards": {"expected_gpus": 9}}}).health
-    probes = default_probes(settings, state_dir=None, simulated=True)
+    probes = default_probes(settings, ProbeHost())
     found: dict[str, set[Action]] = {}
 
     def run(snapshot: Snapshot, now: float, only: Iterator[Probe] | None = None) -> None:
@@ -211,7 +211,7 @@ def _driver_failures(healthy: Snapshot, now: float, run: object) -> None:
     NVML down."""
     assert callable(run)
     hung_for = _seconds(str(RULES["XpuGpuDriverCallHung"]["for"]))
-    driver = [p for p in default_probes(parse_config({}).health, state_dir=None, simulated=True) if p.name == "driver"]
+    driver = [p for p in default_probes(parse_config({}).health, ProbeHost()) if p.name == "driver"]
     failing = _with_gpu(healthy, 0, fresh=False, error_code="reset_required", error="reset_required: x")
     failing = _with_gpu(failing, 1, fresh=False, error_code="timeout", error="timeout: sample has not returned")
     run(failing, now, iter(driver))
@@ -223,7 +223,7 @@ def _driver_failures(healthy: Snapshot, now: float, run: object) -> None:
 def _hardware_slowdown(healthy: Snapshot, now: float, run: object) -> None:
     """Clock-event reasons the simulator does not set: hardware thermal slowdown on card 7 for ten minutes."""
     assert callable(run)
-    probes = default_probes(parse_config({}).health, state_dir=None, simulated=True)
+    probes = default_probes(parse_config({}).health, ProbeHost())
     throttle = [p for p in probes if p.name == "clocks"]
     assert throttle, "the throttle probe is registered"
     card: GpuSnapshot | None = healthy.gpu(7)

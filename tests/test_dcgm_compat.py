@@ -19,7 +19,7 @@ from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
 from healthd.config import ConfigError, parse_config
-from healthd.main import build_collectors
+from healthd.daemon.metrics import CardMetrics
 from tests.conftest import FakeClock
 
 # dcgm-exporter's active default counters (etc/default-counters.csv) that we provide
@@ -147,11 +147,11 @@ def test_config_option(tmp_path: Path) -> None:
     assert parse_config({}).exporter.dcgm_hostname_label == "hostname"
     old = parse_config({"exporter": {"dcgm_compat": True, "dcgm_hostname_label": "Hostname"}})
     assert old.exporter.dcgm_hostname_label == "Hostname"
-    with pytest.raises(ConfigError, match=r"^exporter\.dcgm_hostname_label: expected"):
+    with pytest.raises(ConfigError, match=r"^exporter\.dcgm_hostname_label: must be one of"):
         parse_config({"exporter": {"dcgm_hostname_label": "host"}})
     on = parse_config({"exporter": {"dcgm_compat": True}})
-    assert any(c.name == "dcgm_compat" for c in build_collectors(on))
-    assert not any(c.name == "dcgm_compat" for c in build_collectors(parse_config({})))
+    assert any(c.name == "dcgm_compat" for c in CardMetrics(on.exporter).collectors())
+    assert not any(c.name == "dcgm_compat" for c in CardMetrics(parse_config({}).exporter).collectors())
     with pytest.raises(ConfigError, match=r"^exporter\.dcgm_compat: expected true or false"):
         parse_config({"exporter": {"dcgm_compat": "yes"}})
     with pytest.raises(ConfigError, match=r"^exporter\.colour: unknown option"):

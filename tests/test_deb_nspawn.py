@@ -173,7 +173,7 @@ def reload_without_procps(c: nspawn.Booted) -> None:
 
 def mps_runs_outside_the_sandbox_and_survives_restarts(c: nspawn.Booted) -> None:
     c.sh(
-        'sed -i -e \'s/^# simulate = ""/simulate = "h200x1"/\' -e \'s/^# mps = "auto"/mps = "nvidia"/\''
+        'sed -i -e \'s/^# simulate = ""/simulate = "h200x1"/\' -e \'s/^# mps_control = "auto"/mps_control = "nvidia"/\''
         " /etc/xpu-runtime-kit/healthd.toml"
     )
     old = main_pid(c)

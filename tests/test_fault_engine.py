@@ -290,9 +290,9 @@ def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathF
 
 
 def test_boot_id_comes_from_the_configured_file(tmp_path: Path) -> None:
-    from healthd.config import HookSettings
     from healthd.faults.journal import Journal
     from healthd.faults.runtime import FaultRuntime
+    from healthd.faults.settings import HookSettings
 
     boot_file = tmp_path / "boot_id"
     settings = replace(SETTINGS, boot_id_path=boot_file, escalation_reboots=1)

@@ -19,9 +19,9 @@ from faults_helpers import GPU0, GPU1, DaemonThread, wait_until, xid
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.config import HookSettings
 from healthd.faults.fault import FaultFilter
 from healthd.faults.model import Action, Severity
+from healthd.faults.settings import HookSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

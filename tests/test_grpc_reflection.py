@@ -20,9 +20,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
 from exporter.backends.simulated import SimulatedBackend
-from healthd.main import _add_simulation
 from healthd.rpc.reflection import V1_FILE, V1_SERVICE, v1_file_descriptor
 from healthd.rpc.server import GrpcServer, Service
+from healthd.sim.component import add_simulation
 from healthd.sim.service import SimulationService
 
 SERVICES = {
@@ -38,7 +38,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     sim = SimulatedBackend.from_name("h200x1")
     sim.open()
     address = f"unix:{tmp_path_factory.mktemp('refl') / 's.sock'}"
-    server = GrpcServer([address], [Service("xpu.runtime.v1.Simulation", SimulationService(sim), _add_simulation)])
+    server = GrpcServer([address], [Service("xpu.runtime.v1.Simulation", SimulationService(sim), add_simulation)])
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

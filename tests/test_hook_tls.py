@@ -19,9 +19,10 @@ from servicehelpers import Pki, make_pki
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.config import Config, ConfigError, HookSettings, parse_config
+from healthd.config import Config, ConfigError, parse_config
 from healthd.faults.model import Action, Severity
-from healthd.rpc.transport import check_transport, load_hook_tls
+from healthd.faults.settings import HookSettings
+from healthd.rpc.transport import load_hook_tls
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,7 +145,7 @@ def test_tcp_endpoint_without_tls_is_a_config_error_naming_the_option(certs: dic
     with pytest.raises(
         ConfigError, match=r"^hook.endpoints: TCP endpoint 10.0.0.5:7000 .* hook.tls_ca_file is not set"
     ):
-        check_transport(config)
+        config.check_transport()
     assert load_hook_tls(HookSettings(endpoints=("unix:/run/hook.sock",))) is None  # unix stays plaintext
     tls = settings(7000, certs)
     assert load_hook_tls(tls) is not None

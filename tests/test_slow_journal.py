@@ -21,8 +21,7 @@ from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults.fault import Fault, FaultRecord
 from healthd.faults.journal import Change, Journal
-from healthd.probes import default_probes
-from healthd.probes.config import ProbeSettings
+from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.runner import ProbeRunner
 
 
@@ -56,7 +55,7 @@ def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Pat
     backend = SimulatedBackend.from_name("h200x8")
     with DaemonThread(tmp_path, tmp_path / "h.sock", journal=journal) as daemon:
         sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
-        runner = ProbeRunner(default_probes(ProbeSettings(), state_dir=tmp_path, simulated=True), daemon.engine)
+        runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), daemon.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         try:
             sampler.run_once()

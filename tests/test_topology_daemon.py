@@ -11,20 +11,24 @@ import grpc
 
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.config import Config, SamplerSettings, TopologySettings
-from healthd.main import Daemon
+from healthd.config import Config, with_overrides
+from healthd.daemon.daemon import Daemon
+from healthd.daemon.device import SamplerSettings
+from healthd.topology.wiring import TopologySettings
 
 
 def test_daemon_serves_topology(tmp_path: Path) -> None:
     features = tmp_path / "features.d"
     features.mkdir()
-    config = Config(
+    config = with_overrides(
+        Config(
+            sampler=SamplerSettings(interval_seconds=0.5, call_deadline_seconds=2.0),
+            topology=TopologySettings(nfd_feature_file=str(features / "xpu-runtime-kit"), network=(("block", "b1"),)),
+        ),
         metrics_listen="127.0.0.1:0",
         grpc_listen=(f"unix:{tmp_path}/healthd.sock",),
         state_dir=tmp_path / "state",
         simulate="h200x8",
-        sampler=SamplerSettings(interval_seconds=0.5, call_deadline_seconds=2.0),
-        topology=TopologySettings(nfd_feature_file=str(features / "xpu-runtime-kit"), network=(("block", "b1"),)),
     )
 
     async def scenario() -> tuple[list[int], str, str]:
@@ -47,7 +51,7 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
                             time.sleep(0.1)
 
             gpus = await asyncio.to_thread(call)
-            url = f"http://127.0.0.1:{daemon.http.port}/metrics"
+            url = f"http://127.0.0.1:{daemon.metrics.http.port}/metrics"
             metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
             return gpus, metrics, (features / "xpu-runtime-kit").read_text()
         finally:
@@ -62,15 +66,18 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 
 
 def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
+    from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
-    from healthd.topology.wiring import build_topology
+    from healthd.host import HostSettings, choose_host
+    from healthd.topology.wiring import TopologyComponent
 
-    config = Config(state_dir=tmp_path / "state", simulate="h200x1")
     backend = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(backend)
+    host = choose_host(HostSettings(), backend, tmp_path / "state")  # the host view, as the daemon chooses it
+    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
+    sampler = Sampler(device)
     sampler.run_once()
-    part = build_topology(config, sampler.device, sampler)
+    part = TopologyComponent(TopologySettings(), device, sampler, host.sysfs_root)
     assert part.refresher is not None
     t = part.refresher.refresh()
     assert t is not None
@@ -78,5 +85,5 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
     assert t.nics == ()
     assert t.gpus[0].location.numa_node is None
     assert "GPU 0: PCI device" in t.warnings[0]
-    part.stop()
     sampler.stop()
+    device.access.shutdown(1.0)

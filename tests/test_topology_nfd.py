@@ -8,7 +8,8 @@ import pytest
 from topology_fixtures import fixture_topology
 
 from exporter.topology.nfd import FeatureFilePublisher, node_labels, render_feature_file, write_feature_file
-from healthd.config import ConfigError, TopologySettings, parse_config
+from healthd.config import ConfigError, parse_config
+from healthd.topology.wiring import TopologySettings
 
 NS = "xpu.feature.node.kubernetes.io"
 
@@ -72,15 +73,15 @@ def test_publisher_skips_a_node_without_nfd(tmp_path: Path) -> None:
 def test_config_topology_section() -> None:
     cfg = parse_config(
         {
+            "host": {"sysfs_root": "/host/sys"},
             "topology": {
-                "sysfs_root": "/host/sys",
                 "refresh_seconds": 600,
                 "nfd_feature_file": "/etc/nfd/features.d/xpu",
                 "network": {"block": "b07", "rack": "r-12", "host": "node17"},
-            }
+            },
         }
     )
-    assert cfg.topology.sysfs_root == Path("/host/sys")
+    assert cfg.host.sysfs_root == Path("/host/sys")  # one sysfs for every reader
     assert cfg.topology.refresh_seconds == 600
     assert cfg.topology.network == (("block", "b07"), ("host", "node17"), ("rack", "r-12"))
     assert parse_config({}).topology == TopologySettings()
@@ -90,7 +91,7 @@ def test_config_topology_section() -> None:
     ("table", "message"),
     [
         ({"bogus": 1}, "topology.bogus: unknown option"),
-        ({"sysfs_root": "sys"}, "topology.sysfs_root"),
+        ({"sysfs_root": "/host/sys"}, "topology.sysfs_root: unknown option"),
         ({"refresh_seconds": 1}, "topology.refresh_seconds"),
         ({"nfd_feature_file": "relative"}, "topology.nfd_feature_file"),
         ({"nfd_feature_file": "/etc/x/.hidden"}, "topology.nfd_feature_file"),

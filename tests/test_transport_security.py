@@ -27,9 +27,9 @@ from servicehelpers import NotifySocket, Pki, make_pki, running_daemon
 
 from exporter.http import Health, MetricsHTTPServer
 from exporter.webconfig import WebConfigError, load_web_config
-from healthd.config import ConfigError, TransportSettings
+from healthd.config import ConfigError
 from healthd.rpc.server import GrpcServer
-from healthd.rpc.transport import load_grpc_tls
+from healthd.rpc.transport import TransportSettings, load_grpc_tls
 
 
 @pytest.fixture(scope="module")

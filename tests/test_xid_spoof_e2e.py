@@ -52,7 +52,7 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     config = (
-        f'[health]\nkmsg_path = "{kmsg}"\n'
+        f'[host]\nkmsg_path = "{kmsg}"\n'
         f'[hook]\nendpoints = ["unix:{hook_sock}"]\nmin_action = "replace_node"\n'
         "backoff_initial_seconds = 0.1\nbackoff_max_seconds = 0.5\n"
     )

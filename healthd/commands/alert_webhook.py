@@ -11,10 +11,11 @@ from pathlib import Path
 import grpc
 
 from exporter.http import parse_listen_address
-from healthd.config import ConfigError, HookSettings
 from healthd.daemon.logs import configure_logging
+from healthd.faults.settings import HookSettings
 from healthd.hook.alertmanager import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
 from healthd.rpc.transport import HookClientTls, is_tcp, load_hook_tls
+from healthd.settings import ConfigError
 
 
 def grpc_forwarder_factory(tls: HookClientTls | None = None) -> ForwarderFactory | None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import grpc
 
 from healthd.commands.args import check_positive_seconds
-from healthd.config import ConfigError, check_grpc_address
 from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
+from healthd.rpc.addresses import check_grpc_address
 from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
+from healthd.settings import ConfigError
 
 DEFAULT_STATE = Path("/var/lib/xpu-runtime-kit/hook.sqlite")
 
@@ -22,9 +23,9 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.hook.reference import serve
 
     try:
-        check_grpc_address(args.listen, "--listen")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
+        check_grpc_address(args.listen)
+    except ValueError as exc:
+        raise ValueError(f"--listen: {exc}") from None
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
     check_positive_seconds(args.command_timeout, "--command-timeout")

@@ -13,19 +13,17 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
-from exporter.webconfig import WebConfigError
+from exporter.snapshot import Snapshot
+from exporter.webconfig import WebConfig, WebConfigError
 from healthd.config import Config, ConfigError
 from healthd.daemon.logs import configure_logging
 from healthd.daemon.reload import plan_reload
 from healthd.daemon.systemd import Notifier, SamplerProgress, Watchdog, watchdog_interval
-from healthd.rpc.transport import check_transport, load_metrics_web_config
-
-if TYPE_CHECKING:
-    from healthd.main import Daemon
+from healthd.rpc.transport import load_metrics_web_config
 
 log = structlog.get_logger("lifecycle")
 
@@ -35,10 +33,29 @@ LoopHook = Callable[[asyncio.AbstractEventLoop], object]  # called once with the
 STOP_BUDGET_SECONDS = 8.0
 
 
+class Service(Protocol):
+    """What the lifecycle drives: healthd.daemon.daemon.Daemon, or a test's stand-in."""
+
+    config: Config
+
+    @property
+    def stale_seconds(self) -> float: ...
+
+    def latest(self) -> Snapshot | None: ...
+
+    def status_line(self) -> str: ...
+
+    def set_web_config(self, web_config: WebConfig | None) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Lifecycle:
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Service,
         notifier: Notifier,
         *,
         reload_config: Callable[[], Config] | None = None,
@@ -62,7 +79,7 @@ class Lifecycle:
             hook(loop)
         daemon = self._daemon
         await daemon.start()
-        while daemon.sampler.latest() is None and not self._stop.is_set():
+        while daemon.latest() is None and not self._stop.is_set():
             self._notifier.status("waiting for the first sample")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 1.0)
@@ -71,7 +88,7 @@ class Lifecycle:
             self._notifier.ready(daemon.status_line())
             log.info("ready", notify=self._notifier.via, watchdog_seconds=self._watchdog_seconds)
             # the same limit as "samples are stale" in the node status: one rule for both
-            progress = SamplerProgress(daemon.sampler.latest, daemon.node.stale_seconds)
+            progress = SamplerProgress(daemon.latest, daemon.stale_seconds)
             watchdog = Watchdog(self._notifier, self._watchdog_seconds, progress, daemon.status_line)
             watchdog_task = asyncio.create_task(watchdog.run(), name="watchdog")
         await self._stop.wait()
@@ -104,14 +121,14 @@ class Lifecycle:
         self._notifier.reloading()
         try:
             new = await asyncio.to_thread(self._reload_config)
-            check_transport(new)
+            new.check_transport()
             web_config = await asyncio.to_thread(load_metrics_web_config, new.transport)
         except ConfigError as exc:
             log.error("reload failed; the running settings stay", error=str(exc))
             self._notifier.ready(f"reload failed ({exc}); {daemon.status_line()}")
             return
         try:
-            daemon.http.set_web_config(web_config)
+            daemon.set_web_config(web_config)
         except WebConfigError as exc:  # a certificate replaced between the check and now
             log.error("reload failed; the running settings stay", error=f"transport.metrics_web_config_file: {exc}")
             self._notifier.ready(f"reload failed ({exc}); {daemon.status_line()}")

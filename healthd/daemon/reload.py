@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
@@ -13,18 +14,23 @@ RELOADABLE = frozenset({"daemon.log_level", "transport.metrics_web_config_file"}
 
 
 def flatten(config: Config) -> dict[str, Any]:
-    """Option name as written in the TOML file -> value: top-level fields live in [daemon], nested ones in [name]."""
+    """Option name as written in the TOML file (``health.ecc.enabled``) -> value."""
     out: dict[str, Any] = {}
     for f in fields(config):
-        value = getattr(config, f.name)
-        if f.name == "source":
-            continue
-        if is_dataclass(value) and not isinstance(value, type):
-            for inner in fields(value):
-                out[f"{f.name}.{inner.name}"] = getattr(value, inner.name)
-        else:
-            out[f"daemon.{f.name}"] = value
+        if f.name != "source":
+            _flatten_into(out, f.name, getattr(config, f.name))
     return out
+
+
+def _flatten_into(out: dict[str, Any], prefix: str, value: Any) -> None:
+    if is_dataclass(value) and not isinstance(value, type):
+        for inner in fields(value):
+            _flatten_into(out, f"{prefix}.{inner.name}", getattr(value, inner.name))
+    elif isinstance(value, Mapping):
+        for key, inner_value in value.items():
+            _flatten_into(out, f"{prefix}.{key}", inner_value)
+    else:
+        out[prefix] = value
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +47,7 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
     restart = tuple(k for k in changed if k not in RELOADABLE)
     merged = replace(
         running,
-        log_level=new.log_level,
+        daemon=replace(running.daemon, log_level=new.log_level),
         transport=replace(running.transport, metrics_web_config_file=new.transport.metrics_web_config_file),
     )
     return ReloadPlan(applied, restart, merged)

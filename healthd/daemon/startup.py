@@ -112,6 +112,15 @@ def check_socket_dirs(config: Config, names: OptionNames) -> None:
         except OSError as exc:
             where = names.where("grpc_listen", address)
             raise StartupError(f"{where}: cannot create {directory}: {exc.strerror or exc}") from None
+    if config.partitions.enabled:
+        admin = config.admin_socket
+        where = names.where("admin_socket", str(admin))
+        try:
+            admin.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise StartupError(f"{where}: {admin.parent} is not a directory") from None
+        except OSError as exc:
+            raise StartupError(f"{where}: cannot create {admin.parent}: {exc.strerror or exc}") from None
 
 
 def _check_metrics_listen(value: str, where: str) -> None:

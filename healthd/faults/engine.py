@@ -41,10 +41,10 @@ from pathlib import Path
 
 import structlog
 
-from healthd.config import FaultsSettings
 from healthd.faults.fault import Fault, FaultRecord, FaultState, RecordKind, identity_of, new_fault
 from healthd.faults.journal import Change, Journal
 from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.faults.settings import FaultsSettings
 
 log = structlog.get_logger("faults")
 

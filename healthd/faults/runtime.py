@@ -11,7 +11,6 @@ from collections.abc import Callable
 import structlog
 
 from exporter.executor import SerialExecutor
-from healthd.config import FaultsSettings, HookSettings
 from healthd.faults.engine import FaultEngine, read_boot_id
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
@@ -19,6 +18,7 @@ from healthd.faults.model import Action
 from healthd.faults.notify import CommitSignal
 from healthd.faults.outbox import HookDispatcher
 from healthd.faults.service import HealthService
+from healthd.faults.settings import FaultsSettings, HookSettings
 
 log = structlog.get_logger("faults")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from healthd.partition.devnodes import DeviceNode, HostDevices
 from healthd.partition.model import CardMode, PartitionRecord
-from healthd.partition.mps import mps_memory
+from healthd.partition.mps_spec import mps_memory
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,7 @@ class PartitionManager:
         self._creating: set[str] = set()  # partition ids whose create is running now
         self._tasks: set[asyncio.Task[Any]] = set()
         self.reclaimed_total = 0
+        self.ready = False  # start() has learned the cards and recovered the stored partitions
         self.reconcile_failures: Counter[str] = Counter()  # "gpu N" or "mps" -> passes that failed there
         self._view = View(partitions=(), cards=())
 
@@ -162,6 +163,7 @@ class PartitionManager:
                 log.error("cannot recover partition yet", partition=record.id, gpu=record.gpu, error=exc.message)
         await self._write_cdi()
         self._publish()
+        self.ready = True
         log.info("partitions ready", partitions=len(self._records), mps=self.mps.control.name)
 
     async def settle(self, grace_seconds: float) -> bool:

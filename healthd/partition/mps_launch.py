@@ -18,10 +18,9 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from healthd.partition.mps import MpsDaemonSpec
+from healthd.partition.mps_spec import MpsDaemonSpec
 
 LAUNCH_ENV = "XPU_MPS_LAUNCH"
 MPS_SLICE = "xpu-mps.slice"

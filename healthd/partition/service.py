@@ -24,7 +24,7 @@ from healthd.partition.manager import CardCapacity, CreateRequest, PartitionMana
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
 from healthd.partition.quantity import MIB
 from healthd.partition.sharing import SharingPolicy
-from healthd.rpc.errors import failure, from_invalid_field
+from healthd.rpc.errors import failure, from_invalid_field, unavailable
 from healthd.rpc.validation import InvalidField
 
 log = structlog.get_logger("partition.service")
@@ -151,6 +151,13 @@ class PartitionsService(pb_grpc.PartitionsServicer):
         self._m = manager
         self._writable = writable
 
+    def _require_ready(self) -> None:
+        if not self._m.ready:
+            raise unavailable(
+                "PARTITIONS_STARTING",
+                "partitions are not serving yet: the GPUs have not answered since the daemon started; try again",
+            )
+
     def _require_write(self, what: str) -> None:
         if not self._writable:
             raise failure(
@@ -168,6 +175,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 raise InvalidField("mode", f"must be NONE, TDM or MIG, got {request.mode}")
             if request.sharing not in SHARING:
                 raise InvalidField("sharing", f"must be DEFAULT, ISOLATED or SHARED, got {request.sharing}")
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("gpu", str(gpu))):
             return capacity_to_pb(await self._m.set_mode(str(gpu), mode, SHARING[request.sharing]))
 
@@ -184,6 +192,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 lease_ttl_seconds=ttl,
                 allow_faulty_gpus=request.allow_faulty_gpus,
             )
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("gpu", create.gpu)):
             record = await self._m.create(create)
         return partition_to_pb(self._m, record)
@@ -191,12 +200,14 @@ class PartitionsService(pb_grpc.PartitionsServicer):
     async def GetPartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         with _checked():
             pid = req.partition_id(request.id)
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("partition", pid)):
             return partition_to_pb(self._m, self._m.get(pid))
 
     async def ListPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         with _checked():
             gpu = req.gpu_ref(request.gpu, optional=True)
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("gpu", str(gpu or ""))):
             records = self._m.list_partitions(str(gpu or ""))
         return pb.ListPartitionsResponse(partitions=[partition_to_pb(self._m, r) for r in records])
@@ -205,6 +216,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
         self._require_write("DeletePartition")
         with _checked():
             pid = req.partition_id(request.id)
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("partition", pid)):
             deleted = await self._m.delete(pid)
         return pb.DeletePartitionResponse(id=pid, deleted=deleted)
@@ -214,6 +226,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
         with _checked():
             pid = req.partition_id(request.id)
             ttl = req.ttl_seconds(request.ttl_seconds)
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("partition", pid)):
             record = await self._m.renew_lease(pid, ttl)
         return partition_to_pb(self._m, record)
@@ -221,6 +234,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
     async def GetCapacity(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         with _checked():
             gpu = req.gpu_ref(request.gpu, optional=True)
+        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("gpu", str(gpu or ""))):
             cards = self._m.capacity(str(gpu or ""))
         return pb.GetCapacityResponse(cards=[capacity_to_pb(c) for c in cards])

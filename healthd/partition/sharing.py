@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from healthd.partition.model import CardMode, PartitionRecord
-from healthd.partition.mps import MpsDaemonSpec, MpsSupervisor
+from healthd.partition.mps import MpsSupervisor
+from healthd.partition.mps_spec import MpsDaemonSpec
 
 
 class SharingPolicy(enum.StrEnum):

@@ -1,59 +1,61 @@
 """Health probes: one module per check, each a plain object with ``name`` and ``evaluate(snapshot, now)``.
 
-``default_probes`` is the registry (one line per probe). On a simulated node the host's /proc and /sys describe
-the machine the simulator runs on, not the simulated GPUs, so the checks that read them are off there.
+``PROBES`` is the registry. A probe module exports ``SECTION`` (its ``[health.<section>]`` table), ``Settings`` (a
+settings dataclass, read by healthd/settings.py) and ``build(settings, host)``; adding a probe is one file plus one
+line here. On a simulated node the host's /proc and /sys describe the machine the simulator runs on, not the
+simulated GPUs, so the probe host gives those probes nothing to read there.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, ModuleType
+from typing import Any
 
-from exporter.backends.protocol import Backend
-from exporter.snapshot import Snapshot
-from healthd.probes.base import Probe
-from healthd.probes.config import ProbeSettings
-from healthd.probes.configuration import ConfigurationProbe
-from healthd.probes.driver import DriverProbe, DriverSettings
-from healthd.probes.ecc import EccProbe
-from healthd.probes.lost_cards import LostCardProbe, LostCardSettings
-from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings
-from healthd.probes.nvlink import NvLinkProbe
-from healthd.probes.pcie import PcieProbe
-from healthd.probes.throttle import ThrottleProbe
-from healthd.xid.catalog import load_catalog
-from healthd.xid.watcher import EventSink, XidWatcher
+from healthd.probes import configuration, driver, ecc, lost_cards, memory_leak, nvlink, pcie, throttle
+from healthd.probes.base import Probe, ProbeHost
+from healthd.settings import ConfigError, check_keys, parse_section
+from healthd.xid.watcher import XID_SECTION, XidSettings
 
-
-def default_probes(settings: ProbeSettings, *, state_dir: Path | None, simulated: bool) -> list[Probe]:
-    proc = None if simulated else settings.proc_root
-    sysfs = None if simulated else settings.sysfs_root
-    return [
-        EccProbe(settings.ecc),
-        NvLinkProbe(settings.nvlink),
-        MemoryLeakProbe(MemoryLeakSettings(proc_root=proc, thresholds=settings.memory_leak)),
-        DriverProbe(DriverSettings(proc, settings.hang_after_seconds, settings.dstate_after_seconds)),
-        LostCardProbe(LostCardSettings(settings.expected_gpus, state_dir, sysfs)),
-        ConfigurationProbe(settings.configuration),
-        ThrottleProbe(settings.clocks),
-        PcieProbe(settings.pcie),
-    ]
+PROBES: tuple[ModuleType, ...] = (
+    ecc,
+    nvlink,
+    memory_leak,
+    driver,
+    lost_cards,
+    configuration,
+    throttle,
+    pcie,
+)
 
 
-def xid_watcher(
-    settings: ProbeSettings,
-    backend: Backend,
-    sink: EventSink,
-    snapshots: Callable[[], Snapshot | None],
-    *,
-    simulated: bool,
-    clock: Callable[[], float] = time.time,
-) -> XidWatcher:
-    """The XID watcher with the catalog and config overrides; no kernel log on a simulated node by default."""
-    kmsg = None if simulated and settings.kmsg_path == Path("/dev/kmsg") else settings.kmsg_path
-    catalog = load_catalog(overrides=settings.xid_overrides)
-    return XidWatcher(backend, kmsg, catalog, sink, clock, snapshots, settings.xid)
+def _defaults() -> Mapping[str, Any]:
+    return MappingProxyType({m.SECTION: m.Settings() for m in PROBES})
 
 
-__all__ = ["Probe", "ProbeSettings", "default_probes", "xid_watcher"]
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    """[health]: one sub-table per registered probe, and [health.xid] for the XID watcher."""
+
+    probes: Mapping[str, Any] = field(default_factory=_defaults)  # section -> that probe's Settings
+    xid: XidSettings = field(default_factory=XidSettings)
+
+    def probe(self, section: str) -> Any:
+        return self.probes[section]
+
+
+def parse_health(table: Any, where: str = "health") -> HealthSettings:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table ([{where}])")
+    check_keys(table, {m.SECTION for m in PROBES} | {XID_SECTION}, where)
+    probes = {m.SECTION: parse_section(m.Settings, table.get(m.SECTION, {}), f"{where}.{m.SECTION}") for m in PROBES}
+    xid = parse_section(XidSettings, table.get(XID_SECTION, {}), f"{where}.{XID_SECTION}")
+    return HealthSettings(probes=MappingProxyType(probes), xid=xid)
+
+
+def default_probes(settings: HealthSettings, host: ProbeHost) -> list[Probe]:
+    return [m.build(settings.probe(m.SECTION), host) for m in PROBES]
+
+
+__all__ = ["PROBES", "HealthSettings", "Probe", "ProbeHost", "default_probes", "parse_health"]

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from exporter.backends.types import ComputeMode, DeviceSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "configuration"
 
@@ -131,3 +133,30 @@ class ConfigurationProbe:
                 evidence(current=current, pending=pending, pending_seconds=round(now - since)),
             )
         ]
+
+
+SECTION = "configuration"
+COMPUTE_MODES = tuple(m.name.lower() for m in ComputeMode)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.configuration]: what each card should be set to ("any": not checked)."""
+
+    compute_mode: str = option("default", choices=(*COMPUTE_MODES, "any"), lower=True)
+    persistence_mode: str = option("on", choices=("on", "off", "any"), lower=True)
+    ecc: str = option("enabled", choices=("enabled", "disabled", "any"), lower=True)
+    pending_grace_seconds: float = option(300.0, min=0)
+
+
+def build(settings: Settings, host: ProbeHost) -> ConfigurationProbe:
+    compute = None if settings.compute_mode == "any" else ComputeMode[settings.compute_mode.upper()]
+    onoff = {"on": True, "off": False, "enabled": True, "disabled": False, "any": None}
+    return ConfigurationProbe(
+        ConfigurationExpectations(
+            compute_mode=compute,
+            persistence_mode=onoff[settings.persistence_mode],
+            ecc_enabled=onoff[settings.ecc],
+            pending_grace_seconds=settings.pending_grace_seconds,
+        )
+    )

@@ -17,7 +17,9 @@ from exporter.backends.recovery import RecoveryAction, decode_recovery_action, d
 from exporter.backends.types import Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "driver"
 _MODULE_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
@@ -284,3 +286,18 @@ class DriverProbe:
                 evidence(error=error, stuck_seconds=round(held)),
             )
         return None
+
+
+SECTION = "driver"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.driver]"""
+
+    hang_after_seconds: float = option(300.0, above=0)
+    dstate_after_seconds: float = option(300.0, above=0)
+
+
+def build(settings: Settings, host: ProbeHost) -> DriverProbe:
+    return DriverProbe(DriverSettings(host.proc_root, settings.hang_after_seconds, settings.dstate_after_seconds))

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from exporter.backends.types import DeviceSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "ecc"
 
@@ -156,3 +158,25 @@ class EccProbe:
                 )
             )
         return out
+
+
+SECTION = "ecc"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.ecc]"""
+
+    correctable_rate_per_hour: float = option(100.0, above=0)
+    correctable_window_seconds: float = option(3600.0, above=0)
+    uncorrectable_remap_warn: int = option(512, min=1)
+
+
+def build(settings: Settings, host: ProbeHost) -> EccProbe:
+    return EccProbe(
+        EccThresholds(
+            correctable_rate_per_hour=settings.correctable_rate_per_hour,
+            correctable_window_seconds=settings.correctable_window_seconds,
+            uncorrectable_remap_warn=settings.uncorrectable_remap_warn,
+        )
+    )

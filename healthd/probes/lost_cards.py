@@ -19,7 +19,9 @@ import structlog
 from exporter.atomic_file import write_text_atomic
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
+from healthd.settings import option
 from healthd.xid.kmsg import normalize_pci
 
 log = structlog.get_logger("lost_cards")
@@ -214,3 +216,18 @@ class LostCardProbe:
                 )
             )
         return out
+
+
+SECTION = "lost_cards"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.lost_cards]: ``expected_gpus`` unset (0) means learned at first start and kept in the state dir."""
+
+    expected_gpus: int = option(0, min=0)
+
+
+def build(settings: Settings, host: ProbeHost) -> LostCardProbe:
+    expected = settings.expected_gpus or None
+    return LostCardProbe(LostCardSettings(expected, host.state_dir, host.sysfs_root))

@@ -18,7 +18,9 @@ from pathlib import Path
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "memory_leak"
 GIB = 2**30
@@ -187,3 +189,29 @@ class MemoryLeakProbe:
                     )
                 )
         return out
+
+
+SECTION = "memory_leak"
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.memory_leak]: sizes in MiB."""
+
+    orphan_min_mib: int = option(1024, min=1)
+    orphan_samples: int = option(6, min=1)
+    gone_samples: int = option(6, min=1)
+    growth_window_seconds: float = option(1800.0, above=0)
+    growth_min_mib: int = option(2048, min=1)
+
+
+def build(settings: Settings, host: ProbeHost) -> MemoryLeakProbe:
+    thresholds = MemoryLeakThresholds(
+        orphan_min_bytes=settings.orphan_min_mib * MIB,
+        orphan_samples=settings.orphan_samples,
+        gone_samples=settings.gone_samples,
+        growth_window_seconds=settings.growth_window_seconds,
+        growth_min_bytes=settings.growth_min_mib * MIB,
+    )
+    return MemoryLeakProbe(MemoryLeakSettings(proc_root=host.proc_root, thresholds=thresholds))

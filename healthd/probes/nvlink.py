@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from exporter.backends.types import LinkState, NvLinkSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "nvlink"
 
@@ -164,3 +166,18 @@ class NvLinkProbe:
                 )
             )
         return out
+
+
+SECTION = "nvlink"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.nvlink]"""
+
+    crc_per_second_fail: float = option(100.0, above=0)
+    error_hold_seconds: float = option(600.0, above=0)
+
+
+def build(settings: Settings, host: ProbeHost) -> NvLinkProbe:
+    return NvLinkProbe(NvLinkThresholds(settings.crc_per_second_fail, settings.error_hold_seconds))

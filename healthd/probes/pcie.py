@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from exporter.backends.types import DeviceSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "pcie"
 CLOCKS_EVENT_GPU_IDLE = 0x01
@@ -90,3 +92,17 @@ class PcieProbe:
                     )
             report.gpu_done(ref, findings, "PCIe link at its maximum")
         return report.build()
+
+
+SECTION = "pcie"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.pcie]"""
+
+    consecutive_samples: int = option(3, min=1)
+
+
+def build(settings: Settings, host: ProbeHost) -> PcieProbe:
+    return PcieProbe(PcieThresholds(consecutive_samples=settings.consecutive_samples))

@@ -7,6 +7,7 @@ see bench/probes.py).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ class ProbeRunner:
         self.evaluations = 0
         self.failures: Counter[str] = Counter()  # probe name -> evaluations that raised
         self.last_seconds: dict[str, float] = {}  # probe name -> duration of its last evaluation
+        self._lock = threading.Lock()  # evaluations run on the probes' thread, metrics are read on the scrape's
 
     def on_snapshot(self, snapshot: Snapshot) -> list[ProbeReport]:
         now = self._clock()
@@ -56,15 +58,23 @@ class ProbeRunner:
             try:
                 report = probe.evaluate(snapshot, now)
             except Exception as exc:
-                self.failures[probe.name] += 1
+                with self._lock:
+                    self.failures[probe.name] += 1
                 log.exception("probe failed", probe=probe.name)
                 detail = f"probe failed: {type(exc).__name__}: {exc}"
                 report = ProbeReport(probe.name, (CheckResult(probe.name, None, CheckStatus.UNKNOWN, detail),), ())
-            self.last_seconds[probe.name] = self._monotonic() - started
+            with self._lock:
+                self.last_seconds[probe.name] = self._monotonic() - started
             try:
                 self._sink.report(report)
             except Exception:
                 log.exception("finding sink failed", probe=probe.name)
             reports.append(report)
-        self.evaluations += 1
+        with self._lock:
+            self.evaluations += 1
         return reports
+
+    def stats(self) -> dict[str, tuple[float, int]]:
+        """Probe name -> (seconds its last evaluation took, evaluations that raised)."""
+        with self._lock:
+            return {p.name: (self.last_seconds.get(p.name, 0.0), self.failures[p.name]) for p in self.probes}

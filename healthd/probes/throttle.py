@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from exporter.backends.types import Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport, Severity
+from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.settings import option
 
 CHECK = "clocks"
 
@@ -83,3 +85,18 @@ class ThrottleProbe:
                     )
             report.gpu_done(ref, findings, "no sustained hardware slowdown")
         return report.build()
+
+
+SECTION = "clocks"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.clocks]: clock slowdowns active in this share of the window's samples."""
+
+    window_seconds: float = option(600.0, above=0)
+    active_ratio: float = option(0.6, above=0, max=1)
+
+
+def build(settings: Settings, host: ProbeHost) -> ThrottleProbe:
+    return ThrottleProbe(ThrottleThresholds(window_seconds=settings.window_seconds, active_ratio=settings.active_ratio))

@@ -32,6 +32,8 @@ class Service:
     full_name: str  # e.g. "xpu.runtime.v1.Simulation"
     servicer: Any
     add: Callable[[Any, grpc.aio.Server], None]
+    admin: bool = False  # served on the admin socket only (changes), not on the main socket (reads)
+    ready: Callable[[], bool] = lambda: True  # can it serve now? (grpc.health.v1 says NOT_SERVING while not)
 
 
 class GrpcServer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +18,43 @@ import grpc
 import structlog
 
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
-from healthd.config import Config, ConfigError, HookSettings, TransportSettings
+from healthd.faults.settings import HookSettings
+from healthd.settings import ConfigError, option
 
 log = structlog.get_logger("transport")
+
+
+def _group(name: str) -> None:
+    if name and (not name.isprintable() or ":" in name or len(name) > 64):
+        raise ValueError(f"not a valid group name: {name[:100]!r}")
+
+
+def _socket_mode(raw: object, name: str) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 0o777:
+        raw = f"{raw:04o}"  # TOML 0o660
+    if not (isinstance(raw, str) and 3 <= len(raw) <= 4 and all(c in "01234567" for c in raw)):
+        raise ConfigError(f'{name}: expected an octal mode such as "0660", got {str(raw)[:100]!r}')
+    mode = int(raw, 8)
+    if mode & 0o007:
+        raise ConfigError(
+            f"{name}: {raw} gives every local user access to the API; use 0660 and put the callers in grpc_socket_group"
+        )
+    if not mode & 0o600 == 0o600:
+        raise ConfigError(f"{name}: {raw} must let the owner read and write (0600 bits)")
+    return mode
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSettings:
+    """[transport]: who may reach the gRPC API and /metrics (see packaging/healthd.toml)."""
+
+    grpc_socket_group: str = option("xpu", check=_group)  # "" keeps the daemon's own group
+    grpc_socket_mode: int = option(0o660, parse=_socket_mode)
+    grpc_tls_cert_file: Path | None = option(None, absolute=True)  # TCP gRPC listeners need all three (mTLS)
+    grpc_tls_key_file: Path | None = option(None, absolute=True)
+    grpc_tls_client_ca_file: Path | None = option(None, absolute=True)
+    # Prometheus exporter-toolkit web config (TLS, basic auth)
+    metrics_web_config_file: Path | None = option(None, absolute=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +73,11 @@ def is_tcp(address: str) -> bool:
     return not address.startswith("unix:")
 
 
-def _read(path: Path, option: str) -> bytes:
+def _read(path: Path, where: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{option}: cannot read {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def load_grpc_tls(settings: TransportSettings, tcp_addresses: list[str]) -> GrpcTls | None:
@@ -54,10 +89,10 @@ def load_grpc_tls(settings: TransportSettings, tcp_addresses: list[str]) -> Grpc
         "transport.grpc_tls_key_file": settings.grpc_tls_key_file,
         "transport.grpc_tls_client_ca_file": settings.grpc_tls_client_ca_file,
     }
-    for option, path in files.items():
+    for name, path in files.items():
         if path is None:
             raise ConfigError(
-                f"daemon.grpc_listen: TCP listener {tcp_addresses[0]} needs mTLS, but {option} is not set "
+                f"daemon.grpc_listen: TCP listener {tcp_addresses[0]} needs mTLS, but {name} is not set "
                 "(set grpc_tls_cert_file, grpc_tls_key_file and grpc_tls_client_ca_file in [transport])"
             )
     cert_path, key_path, ca_path = (p for p in files.values() if p is not None)
@@ -108,10 +143,10 @@ def load_hook_tls(settings: HookSettings) -> HookClientTls | None:
         "hook.tls_cert_file": settings.tls_cert_file,
         "hook.tls_key_file": settings.tls_key_file,
     }
-    for option, path in files.items():
+    for name, path in files.items():
         if path is None:
             raise ConfigError(
-                f"hook.endpoints: TCP endpoint {tcp[0]} is called with mTLS, but {option} is not set "
+                f"hook.endpoints: TCP endpoint {tcp[0]} is called with mTLS, but {name} is not set "
                 "(set tls_ca_file, tls_cert_file and tls_key_file in [hook], or use a unix: endpoint)"
             )
     ca_path, cert_path, key_path = (p for p in files.values() if p is not None)
@@ -156,11 +191,11 @@ def load_metrics_web_config(settings: TransportSettings) -> WebConfig | None:
         raise ConfigError(f"transport.metrics_web_config_file: {exc}") from None
 
 
-def check_transport(config: Config) -> None:
+def check_transport(transport: TransportSettings, grpc_addresses: Sequence[str], hook: HookSettings) -> None:
     """Everything --check-config can verify about transport security without binding anything."""
-    load_grpc_tls(config.transport, [a for a in config.grpc_addresses if is_tcp(a)])
-    load_metrics_web_config(config.transport)
-    load_hook_tls(config.hook)
+    load_grpc_tls(transport, [a for a in grpc_addresses if is_tcp(a)])
+    load_metrics_web_config(transport)
+    load_hook_tls(hook)
 
 
 def socket_group_id(name: str) -> int | None:

@@ -1,46 +1,125 @@
-"""Build the topology part of the daemon: refresher (with the simulated sysfs tree when simulating), NFD feature
-file, metrics collector and gRPC service. Kept out of main.py so the daemon wiring stays a few lines."""
+"""The topology component: refresher over the host's sysfs (a simulated tree on a simulated node), the NFD feature
+file, the metrics collector and the Topology gRPC service."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors.base import Collector
+from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
 from exporter.topology.allocation import AllocationError, preferred_allocation
 from exporter.topology.collector import TopologyCollector
-from exporter.topology.layout import simulated_sysfs
-from exporter.topology.nfd import FeatureFilePublisher
+from exporter.topology.nfd import FeatureFilePublisher, valid_label_value, valid_level_name, valid_namespace
 from exporter.topology.refresher import RefresherConfig, TopologyRefresher
-from healthd.config import Config
 from healthd.rpc.server import Service
+from healthd.settings import InvalidKeyError, option
 from healthd.topology.service import TopologyService
 
-log = structlog.get_logger("topology")
+SERVICE_NAME = "xpu.runtime.v1.Topology"
+DEFAULT_NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/xpu-runtime-kit"
+DEFAULT_LABEL_NAMESPACE = "xpu.feature.node.kubernetes.io"
 
 
-@dataclass
-class TopologyPart:
-    refresher: TopologyRefresher | None
-    collectors: list[Collector]
-    services: list[Service]
-    publisher: FeatureFilePublisher | None
+def _feature_file(value: str) -> None:
+    if value and (not value.startswith("/") or Path(value).name.startswith(".")):
+        raise ValueError(f"must be an absolute path to a file not starting with '.', got {value[:200]!r}")
 
-    def start(self) -> None:
+
+def _namespace(value: str) -> None:
+    if not valid_namespace(value):
+        raise ValueError(f"not a DNS subdomain: {value[:200]!r}")
+
+
+def _network(levels: tuple[tuple[str, str], ...]) -> None:
+    for level, value in levels:
+        if not valid_level_name(level):
+            raise InvalidKeyError(level, "level names are lower-case letters, digits and '-'")
+        if not value or not valid_label_value(value):
+            raise InvalidKeyError(
+                level,
+                f"expected a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends), got {value[:100]!r}",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySettings:
+    """[topology]: how often the layout is read, the NFD feature file and the operator's network levels."""
+
+    enabled: bool = True
+    refresh_seconds: float = option(3600.0, min=10, max=7 * 86400)
+    deadline_seconds: float = option(10.0, min=0.1, max=600)
+    # Written only when its directory exists (NFD installed); "" disables.
+    nfd_feature_file: str = option(DEFAULT_NFD_FEATURE_FILE, check=_feature_file)
+    label_namespace: str = option(DEFAULT_LABEL_NAMESPACE, check=_namespace)
+    network: tuple[tuple[str, str], ...] = option((), check=_network)  # e.g. [topology.network] block = "b07"
+
+
+def _add_topology(servicer: object, server: object) -> None:
+    from healthd.api.v1 import topology_pb2_grpc
+
+    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+
+class TopologyComponent:
+    name = "topology"
+
+    def __init__(
+        self,
+        settings: TopologySettings,
+        device: GuardedBackend,
+        sampler: Sampler,
+        sysfs_root: Path,
+        out_of_service: Callable[[], AbstractSet[int]] = frozenset,
+    ) -> None:
+        self.settings = settings
+        self.refresher: TopologyRefresher | None = None
+        self._services: list[Service] = []
+        self._collectors: list[Collector] = []
+        if not settings.enabled:
+            return
+        publisher = FeatureFilePublisher(
+            Path(settings.nfd_feature_file) if settings.nfd_feature_file else None,
+            dict(settings.network),
+            settings.label_namespace,
+        )
+        refresher = self.refresher = TopologyRefresher(
+            device,
+            sampler.latest,
+            RefresherConfig(
+                sysfs_root=str(sysfs_root),
+                deadline_seconds=settings.deadline_seconds,
+                refresh_seconds=settings.refresh_seconds,
+            ),
+            on_update=publisher,
+        )
+        self._collectors = [TopologyCollector(refresher.latest, refresher.status)]
+        self._services = [
+            Service(
+                SERVICE_NAME,
+                TopologyService(refresher.latest, refresher.status, out_of_service),
+                _add_topology,
+                ready=lambda: refresher.latest() is not None,
+            )
+        ]
+
+    def collectors(self) -> Sequence[Collector]:
+        return self._collectors
+
+    def services(self) -> Sequence[Service]:
+        return self._services
+
+    async def start(self) -> None:
         if self.refresher is not None:
             self.refresher.start()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         if self.refresher is not None:
-            self.refresher.stop()
+            await in_daemon_thread(self.refresher.stop)
 
     def first_card(self, fitting: Sequence[int]) -> int | None:
         """The card to use first for a one-card request among ``fitting`` (PreferredAllocation with count 1);
@@ -56,60 +135,3 @@ class TopologyPart:
             return preferred_allocation(topology, 1, pool).gpus[0]
         except AllocationError:
             return None
-
-
-def _add_topology(servicer: object, server: object) -> None:
-    from healthd.api.v1 import topology_pb2_grpc
-
-    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-
-
-def build_topology(
-    config: Config,
-    device: GuardedBackend,
-    sampler: Sampler,
-    out_of_service: Callable[[], AbstractSet[int]] = frozenset,
-) -> TopologyPart:
-    settings = config.topology
-    if not settings.enabled:
-        return TopologyPart(None, [], [], None)
-    sysfs_root = settings.sysfs_root
-    backend = device.raw
-    if isinstance(backend, SimulatedBackend):
-        # simulation only: the scenario's PCIe layout as a sysfs tree, read back by the real code path
-        scenario = backend.scenario
-        dest = config.state_dir / "simulated-sysfs"
-        tree = simulated_sysfs(scenario.extra, [c.pci_bus_id for c in scenario.cards], dest)
-        if tree is None:  # no [topology] in the scenario: an empty tree, never the host's /sys with fake GPUs
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir(parents=True)
-            tree = dest
-        sysfs_root = tree
-        log.info("simulated topology", sysfs_root=str(tree))
-    publisher = FeatureFilePublisher(
-        Path(settings.nfd_feature_file) if settings.nfd_feature_file else None,
-        dict(settings.network),
-        settings.label_namespace,
-    )
-    refresher = TopologyRefresher(
-        device,
-        sampler.latest,
-        RefresherConfig(
-            sysfs_root=str(sysfs_root),
-            deadline_seconds=settings.deadline_seconds,
-            refresh_seconds=settings.refresh_seconds,
-        ),
-        on_update=publisher,
-    )
-    return TopologyPart(
-        refresher=refresher,
-        collectors=[TopologyCollector(refresher.latest, refresher.status)],
-        services=[
-            Service(
-                "xpu.runtime.v1.Topology",
-                TopologyService(refresher.latest, refresher.status, out_of_service),
-                _add_topology,
-            )
-        ],
-        publisher=publisher,
-    )

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -28,7 +29,8 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Finding, GpuRef
-from healthd.xid.catalog import XidCatalog
+from healthd.settings import ConfigError, option
+from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
 
 log = structlog.get_logger("xid")
@@ -40,8 +42,28 @@ class EventSink(Protocol):
     def event(self, finding: Finding) -> None: ...
 
 
+XID_SECTION = "xid"
+
+
+def _overrides(raw: Any, name: str) -> Mapping[int, XidOverride]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: expected a table of [{name}.N] entries")
+    try:
+        return MappingProxyType(parse_overrides(raw, name))
+    except CatalogError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class XidSettings:
+    """[health.xid]: the merge window, and per-XID overrides of the catalog ([health.xid.overrides.N])."""
+
+    merge_window_seconds: float = option(10.0, above=0)
+    overrides: Mapping[int, XidOverride] = option(default_factory=dict, parse=_overrides)
+
+
+@dataclass(frozen=True, slots=True)
+class XidTiming:
     # One XID usually arrives by NVML within milliseconds and by kmsg within the reader's poll; 10 s covers both
     # without merging separate incidents (NVSentinel links fallen-off-bus text to XIDs over 5 min, then dedups
     # for 3 min in its platform connector; our engine does the longer dedup).
@@ -99,6 +121,7 @@ class XidMerger:
         self._last: dict[tuple[str, int], tuple[float, frozenset[tuple[int, int | None]]]] = {}
         self.emitted = 0
         self.merged = 0
+        self.outcomes: Counter[tuple[str, str]] = Counter()  # (source, "reported" | "merged")
 
     def add(self, s: _Sighting) -> Finding | None:
         now = self._clock()
@@ -114,6 +137,7 @@ class XidMerger:
                 if instance is None or not seen or instance in seen:
                     self._last[key] = (last[0], seen | {instance} if instance else seen)
                     self.merged += 1
+                    self.outcomes[(s.source, "merged")] += 1
                     return None
                 self._last[key] = (last[0], seen | {instance})
             else:
@@ -121,9 +145,14 @@ class XidMerger:
             if len(self._last) > 4096:
                 self._last = {k: v for k, v in self._last.items() if now - v[0] < self._window}
             self.emitted += 1
+            self.outcomes[(s.source, "reported")] += 1
         finding = self._finding(s)
         self._sink.event(finding)
         return finding
+
+    def outcome_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.outcomes)
 
     def _finding(self, s: _Sighting) -> Finding:
         entry = self._catalog.lookup(s.xid)
@@ -185,11 +214,11 @@ class XidWatcher:
         sink: EventSink,
         clock: Callable[[], float] = time.time,
         snapshots: Callable[[], Snapshot | None] = lambda: None,
-        settings: XidSettings | None = None,
+        settings: XidTiming | None = None,
         *,
         kmsg_from_start: bool = False,
     ) -> None:
-        self.settings = settings or XidSettings()
+        self.settings = settings or XidTiming()
         self._backend = backend
         self._snapshots = snapshots
         self.merger = XidMerger(catalog, sink, clock, self.settings.merge_window_seconds)
@@ -247,6 +276,19 @@ class XidWatcher:
             last_error = ""
             if event is not None:
                 self.on_device_event(event)
+
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        """XID sightings by (source, outcome): reported (became a finding), merged (the same incident seen again
+        within the window), ignored (NVML events that are not XIDs: single-bit ECC), rejected (kernel-log lines that
+        mention NVRM but are not the driver's)."""
+        counts = self.merger.outcome_counts()
+        counts[("nvml", "ignored")] = self.ignored_events
+        counts[("kmsg", "rejected")] = self._decoder.rejected
+        return counts
+
+    def kmsg_overwritten(self) -> int:
+        """Kernel-log records the kernel overwrote before they were read (XIDs in them were lost)."""
+        return self.reader.overwritten if self.reader is not None else 0
 
     # ----- the two sources -----------------------------------------------------------------------------------
 
@@ -331,3 +373,17 @@ class XidWatcher:
             return found
         uuid = self._uuid_by_pci.get(pci)
         return None if uuid is None else next((g for g in self._inventory() if g.uuid == uuid), None)
+
+
+def build_watcher(
+    settings: XidSettings,
+    backend: Backend,
+    sink: EventSink,
+    snapshots: Callable[[], Snapshot | None],
+    kmsg_path: Path | None,
+    clock: Callable[[], float] = time.time,
+) -> XidWatcher:
+    """The XID watcher with the catalog and the configured overrides; ``kmsg_path`` None: no kernel-log source."""
+    catalog = load_catalog(overrides=settings.overrides)
+    timing = XidTiming(merge_window_seconds=settings.merge_window_seconds)
+    return XidWatcher(backend, kmsg_path, catalog, sink, clock, snapshots, timing)

@@ -36,9 +36,10 @@ def scenario_without_mig(directory: Path) -> Path:
 
 def daemon_config(pod_resources: Path) -> str:
     return (
-        "[attribution]\n"
+        "[host]\n"
         "simulate_kubelet = false\n"
         f'kubelet_socket = "{pod_resources}"\n'
+        "[attribution]\n"
         "refresh_interval_seconds = 0.5\n"
         "[partitions]\n"
         "reconcile_interval_seconds = 0.5\n"

@@ -7,16 +7,15 @@ import json
 from pathlib import Path
 
 from exporter.backends.simulated import SimulatedBackend
-from healthd.config import PartitionSettings
 from healthd.partition.manager import CreateRequest
 from healthd.partition.model import CardMode, Owner, OwnerKind
-from healthd.partition.wiring import Partitions
+from tests.support.partitions import partitions_on
 
 
 def test_whole_cards_are_published_with_the_partitions(tmp_path: Path) -> None:
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
-    parts = Partitions(PartitionSettings(), backend, tmp_path / "state", main_socket=tmp_path / "run" / "h.sock")
+    parts = partitions_on(backend, tmp_path / "state", runtime_dir=tmp_path / "run")
     spec_file = tmp_path / "state" / "cdi" / "xpu-runtime-kit.io-gpu.json"
 
     async def go() -> None:

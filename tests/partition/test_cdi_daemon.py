@@ -14,11 +14,14 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.config import Config, PartitionSettings, with_overrides
-from healthd.main import Daemon
+from healthd.config import Config, with_overrides
+from healthd.daemon.daemon import Daemon
+from healthd.host import HostSettings
 from healthd.partition import wiring
 from healthd.partition.edits import ContainerEdits, Mount
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.simdevices import gpu_instance_minor
+from tests.support.partitions import partitions_on
 
 LEASE = pb.Owner(lease=pb.LeaseOwner(holder="t"))
 
@@ -81,8 +84,9 @@ def test_driver_libraries_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         return found
 
     monkeypatch.setattr(wiring, "discover_driver_edits", discover)
-    settings = PartitionSettings(cdi_driver_libraries=setting, runtime_dir=tmp_path / "run", cdi_dir=tmp_path / "cdi")
-    parts = wiring.Partitions(settings, RealLookingBackend(), tmp_path / "state")  # type: ignore[arg-type]
+    settings = PartitionSettings(cdi_driver_libraries=setting, runtime_dir=tmp_path / "run")
+    host = HostSettings(cdi_dir=tmp_path / "cdi")
+    parts = partitions_on(RealLookingBackend(), tmp_path / "state", settings, host=host)  # type: ignore[arg-type]
     try:
         assert len(seen) == calls
         assert parts.manager.cdi.common is (found if calls else None)
@@ -93,7 +97,7 @@ def test_driver_libraries_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_simulated_node_never_discovers_host_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wiring, "discover_driver_edits", lambda: pytest.fail("looked at the host's libraries"))
     backend = SimulatedBackend.from_name("h200x1")
-    parts = wiring.Partitions(PartitionSettings(runtime_dir=tmp_path / "run"), backend, tmp_path / "state")
+    parts = partitions_on(backend, tmp_path / "state", PartitionSettings(runtime_dir=tmp_path / "run"))
     try:
         assert parts.manager.cdi.common is None
         assert parts.devices.proc_root == tmp_path / "state" / "simulated-driver" / "proc"

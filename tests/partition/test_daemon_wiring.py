@@ -11,7 +11,7 @@ import grpc
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.config import Config, with_overrides
-from healthd.main import Daemon
+from healthd.daemon.daemon import Daemon
 
 
 def test_daemon_serves_partitions(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_daemon_serves_partitions(tmp_path: Path) -> None:
                 stub = pb_grpc.PartitionsStub(ch)  # type: ignore[no-untyped-call]
                 listed = await stub.ListPartitions(pb.ListPartitionsRequest())
                 assert [q.id for q in listed.partitions] == [p.id]
-            port = daemon.http.port
+            port = daemon.metrics.http.port
             text = await asyncio.to_thread(
                 lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
             )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from healthd.config import ConfigError, parse_partitions
+from healthd.config import ConfigError, parse_config
 from healthd.partition.driverlibs import (
     LIBRARIES,
     MOUNT_OPTIONS,
@@ -134,9 +134,12 @@ def test_library_list_matches_the_toolkits_compute_and_utility_sets() -> None:
 
 
 def test_config_key() -> None:
-    assert parse_partitions({}).cdi_driver_libraries == "auto"
-    assert parse_partitions({"cdi_driver_libraries": "off"}).cdi_driver_libraries == "off"
-    with pytest.raises(ConfigError, match=r"partitions.cdi_driver_libraries: must be auto or off, got 'toolkit'"):
-        parse_partitions({"cdi_driver_libraries": "toolkit"})
+    def parse(table: dict[str, object]) -> str:
+        return parse_config({"partitions": table}).partitions.cdi_driver_libraries
+
+    assert parse({}) == "auto"
+    assert parse({"cdi_driver_libraries": "off"}) == "off"
+    with pytest.raises(ConfigError, match=r"partitions.cdi_driver_libraries: must be one of auto, off, got 'toolkit'"):
+        parse({"cdi_driver_libraries": "toolkit"})
     with pytest.raises(ConfigError, match="cdi_driver_libraries"):
-        parse_partitions({"cdi_driver_libraries": 1})
+        parse({"cdi_driver_libraries": 1})

@@ -105,7 +105,7 @@ def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_memory_text_forms() -> None:
-    from healthd.partition.mps import mps_memory
+    from healthd.partition.mps_spec import mps_memory
 
     assert mps_memory(2048) == "2G"
     assert mps_memory(640) == "640M"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from healthd.partition.mps import MpsDaemonSpec, MpsError, MpsSupervisor, NvidiaMpsControl
+from healthd.partition.mps import MpsError, MpsSupervisor, NvidiaMpsControl
 from healthd.partition.mps_launch import (
     MPS_SLICE,
     DetachedLauncher,
@@ -29,6 +29,7 @@ from healthd.partition.mps_launch import (
     launcher_from_env,
     mps_unit_name,
 )
+from healthd.partition.mps_spec import MpsDaemonSpec
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 

@@ -23,38 +23,43 @@ from tests.partition.conftest import Node
 def test_partitions_section_parses() -> None:
     cfg = parse_config(
         {
-            "partitions": {
-                "cdi_dir": "/etc/cdi",
-                "runtime_dir": "/run/xrk",
-                "admin_group": "root",
-                "mps": "nvidia",
-                "reconcile_interval_seconds": 5,
-                "lease_default_seconds": 120,
-            }
+            "partitions": {"runtime_dir": "/run/xrk", "reconcile_interval_seconds": 5, "lease_default_seconds": 120},
+            "daemon": {"admin_group": "root"},
+            "host": {"cdi_dir": "/etc/cdi", "mps_control": "nvidia"},
         }
     )
     p = cfg.partitions
-    assert (p.cdi_dir, p.runtime_dir) == (Path("/etc/cdi"), Path("/run/xrk"))
-    assert (p.admin_group, p.mps) == ("root", "nvidia")
+    assert p.runtime_dir == Path("/run/xrk")
     assert p.reconcile_interval_seconds == 5.0
-    assert p.admin_socket is None
+    assert (cfg.host.cdi_dir, cfg.host.mps_control) == (Path("/etc/cdi"), "nvidia")
+    assert cfg.daemon.admin_group == "root"
+    assert cfg.daemon.admin_socket is None
     assert parse_config({}).partitions.enabled is True
 
 
+def test_admin_socket_defaults_beside_the_main_socket() -> None:
+    cfg = parse_config({"daemon": {"grpc_listen": ["unix:/run/xrk/healthd.sock"]}})
+    assert cfg.admin_socket == Path("/run/xrk/healthd-admin.sock")
+    cfg = parse_config({"daemon": {"admin_socket": "/run/other/admin.sock"}})
+    assert cfg.admin_socket == Path("/run/other/admin.sock")
+
+
 @pytest.mark.parametrize(
-    ("table", "message"),
+    ("section", "table", "message"),
     [
-        ({"cdi": "/x"}, "partitions.cdi: unknown option"),
-        ({"cdi_dir": "relative"}, "partitions.cdi_dir: must be an absolute path"),
-        ({"mps": "maybe"}, "partitions.mps: must be auto, nvidia or simulated"),
-        ({"reconcile_interval_seconds": 0}, "partitions.reconcile_interval_seconds: must be between"),
-        ({"enabled": "yes"}, "partitions.enabled: expected true or false"),
-        ({"admin_group": "no-such-group-xyz"}, "partitions.admin_group: no group named"),
+        ("partitions", {"cdi": "/x"}, "partitions.cdi: unknown option"),
+        ("partitions", {"cdi_dir": "/x"}, "partitions.cdi_dir: unknown option"),  # moved to [host]
+        ("host", {"cdi_dir": "relative"}, "host.cdi_dir: must be an absolute path"),
+        ("host", {"mps_control": "maybe"}, "host.mps_control: must be one of auto, nvidia, simulated"),
+        ("partitions", {"reconcile_interval_seconds": 0}, "partitions.reconcile_interval_seconds: must be between"),
+        ("partitions", {"enabled": "yes"}, "partitions.enabled: expected true or false"),
+        ("daemon", {"admin_group": "no-such-group-xyz"}, "daemon.admin_group: no group named"),
+        ("daemon", {"admin_socket": "admin.sock"}, "daemon.admin_socket: must be an absolute path"),
     ],
 )
-def test_partitions_section_errors(table: dict[str, object], message: str) -> None:
+def test_partitions_section_errors(section: str, table: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_config({"partitions": table})
+        parse_config({section: table})
 
 
 def test_metrics_exposition_is_valid(make_node: Callable[[str], Node], tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import pytest
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings
 from healthd.partition.model import CardMode, Owner, OwnerKind
-from healthd.partition.mps import MpsDaemonSpec, MpsError, SimulatedMpsControl
+from healthd.partition.mps import MpsError, SimulatedMpsControl
+from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from tests.partition.conftest import FakeClock, Node

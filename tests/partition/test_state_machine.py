@@ -22,7 +22,8 @@ from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
-from healthd.partition.mps import MpsDaemonSpec, MpsSupervisor, SimulatedMpsControl
+from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
+from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
 from healthd.partition.store import Store

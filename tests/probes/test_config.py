@@ -1,28 +1,35 @@
+"""[health]: one table per registered probe, read by the settings each probe module declares."""
+
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.backends.types import ComputeMode
-from healthd.config import ConfigError
+from healthd.config import ConfigError, parse_config
 from healthd.faults.model import Action
-from healthd.probes.config import ProbeSettings, parse_probe_settings
+from healthd.probes import PROBES, HealthSettings, ProbeHost, default_probes, parse_health
+from healthd.probes.configuration import ConfigurationProbe
 
 
 def test_empty_section_gives_the_defaults() -> None:
-    assert parse_probe_settings({}) == ProbeSettings()
+    assert parse_health({}) == HealthSettings()
+    assert parse_config({}).health == HealthSettings()
+
+
+def test_every_registered_probe_has_a_section_and_is_built() -> None:
+    sections = [m.SECTION for m in PROBES]
+    assert len(sections) == len(set(sections))
+    probes = default_probes(HealthSettings(), ProbeHost())
+    assert len(probes) == len(PROBES)
+    assert len({p.name for p in probes}) == len(probes)
 
 
 def test_full_section() -> None:
-    s = parse_probe_settings(
+    s = parse_health(
         {
-            "proc_root": "/host/proc",
-            "sysfs_root": "/host/sys",
-            "kmsg_path": "",
             "ecc": {"correctable_rate_per_hour": 50, "uncorrectable_remap_warn": 100},
             "nvlink": {"crc_per_second_fail": 10},
             "memory_leak": {"orphan_min_mib": 512, "orphan_samples": 3},
@@ -34,14 +41,23 @@ def test_full_section() -> None:
             "xid": {"merge_window_seconds": 30, "overrides": {"94": {"action": "none", "severity": "info"}}},
         }
     )
-    assert (s.proc_root, s.sysfs_root, s.kmsg_path) == (Path("/host/proc"), Path("/host/sys"), None)
-    assert s.ecc.correctable_rate_per_hour == 50
-    assert s.memory_leak.orphan_min_bytes == 512 * 2**20
-    assert s.expected_gpus == 8
-    assert s.configuration.compute_mode is ComputeMode.EXCLUSIVE_PROCESS
-    assert s.configuration.persistence_mode is None
+    assert s.probe("ecc").correctable_rate_per_hour == 50
+    assert s.probe("memory_leak").orphan_min_mib == 512
+    assert s.probe("lost_cards").expected_gpus == 8
+    assert s.probe("driver").hang_after_seconds == 60
+    assert s.probe("clocks").active_ratio == 0.5
+    assert s.probe("pcie").consecutive_samples == 6
     assert s.xid.merge_window_seconds == 30
-    assert s.xid_overrides[94].action is Action.NONE
+    assert s.xid.overrides[94].action is Action.NONE
+    configuration = [p for p in default_probes(s, ProbeHost()) if isinstance(p, ConfigurationProbe)]
+    assert len(configuration) == 1
+    assert configuration[0].expected.persistence_mode is None  # "any": not checked
+
+
+def test_paths_live_in_host_not_health() -> None:
+    with pytest.raises(ConfigError, match=r"^health.proc_root: unknown option"):
+        parse_health({"proc_root": "/host/proc"})
+    assert str(parse_config({"host": {"proc_root": "/host/proc"}}).host.proc_root) == "/host/proc"
 
 
 @pytest.mark.parametrize(
@@ -52,11 +68,10 @@ def test_full_section() -> None:
         ({"ecc": {"colour": 1}}, "health.ecc.colour: unknown option"),
         ({"ecc": 3}, "health.ecc: expected a table"),
         ({"bogus": 1}, "health.bogus: unknown option"),
-        ({"proc_root": "relative"}, "health.proc_root: expected an absolute path"),
-        ({"lost_cards": {"expected_gpus": 0}}, "health.lost_cards.expected_gpus: must be >= 1"),
+        ({"lost_cards": {"expected_gpus": -1}}, "health.lost_cards.expected_gpus: must be at least 0"),
         ({"lost_cards": {"expected_gpus": True}}, "health.lost_cards.expected_gpus: expected an integer"),
         ({"configuration": {"compute_mode": "fast"}}, "health.configuration.compute_mode: must be one of"),
-        ({"clocks": {"active_ratio": 1.5}}, "health.clocks.active_ratio: must be <= 1"),
+        ({"clocks": {"active_ratio": 1.5}}, "health.clocks.active_ratio: must be at most 1"),
         (
             {"configuration": {"pending_grace_seconds": float("nan")}},
             "health.configuration.pending_grace_seconds: must be a finite",
@@ -67,7 +82,7 @@ def test_full_section() -> None:
 )
 def test_errors_name_the_option(table: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_probe_settings(table)
+        parse_health(table)
     assert str(err.value).startswith(message)
 
 
@@ -76,7 +91,7 @@ _values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
-_keys = st.sampled_from(["ecc", "nvlink", "memory_leak", "driver", "lost_cards", "configuration", "clocks", "xid"])
+_keys = st.sampled_from([*(m.SECTION for m in PROBES), "xid"]) | st.text(max_size=10)
 _options = st.sampled_from(
     [
         "correctable_rate_per_hour",
@@ -93,6 +108,7 @@ _options = st.sampled_from(
         "pending_grace_seconds",
         "window_seconds",
         "active_ratio",
+        "consecutive_samples",
         "merge_window_seconds",
         "overrides",
     ]
@@ -103,7 +119,7 @@ _options = st.sampled_from(
 def test_any_table_is_accepted_or_a_config_error(table: dict[str, Any]) -> None:
     error = None
     try:
-        parse_probe_settings(table)
+        parse_health(table)
     except ConfigError as exc:
         error = str(exc)
     assert error is None or error.startswith("health.")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport
-from healthd.probes import ProbeSettings, default_probes
+from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.ecc import EccProbe
 from healthd.probes.runner import ProbeRunner
 from tests.probes.conftest import Node
@@ -54,13 +54,13 @@ def test_a_failing_sink_does_not_stop_the_runner(h200x8: Node) -> None:
 
 
 def test_probe_names_are_unique(tmp_path: Path) -> None:
-    probes = default_probes(ProbeSettings(), state_dir=tmp_path, simulated=True)
+    probes = default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path))
     assert len({p.name for p in probes}) == len(probes) == 8
 
 
 def test_default_probes_on_a_healthy_single_card_report_nothing(h200x1: Node, tmp_path: Path) -> None:
     sink = Sink()
-    runner = ProbeRunner(default_probes(ProbeSettings(), state_dir=tmp_path, simulated=True), sink, h200x1.clock)
+    runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), sink, h200x1.clock)
     h200x1.sampler.subscribe(runner.on_snapshot)
     for _ in range(5):
         h200x1.tick()
@@ -71,7 +71,7 @@ def test_default_probes_on_a_healthy_single_card_report_nothing(h200x1: Node, tm
 
 def test_default_probes_over_a_faulty_node(h200x8: Node, tmp_path: Path) -> None:
     sink = Sink()
-    runner = ProbeRunner(default_probes(ProbeSettings(), state_dir=tmp_path, simulated=True), sink, h200x8.clock)
+    runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), sink, h200x8.clock)
     h200x8.sampler.subscribe(runner.on_snapshot)
     h200x8.tick()
     h200x8.inject("remap_failure", 1)

@@ -1,0 +1,57 @@
+"""[faults] and [hook]: how findings become faults, and where faults that need a standby node are pushed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from healthd.rpc.addresses import check_grpc_addresses
+from healthd.settings import ConfigError, option
+
+DAY = 86400.0
+HOOK_ACTIONS = ("restart_app", "reset_gpu", "reboot_node", "replace_node")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultsSettings:
+    """[faults]: see healthd/faults/engine.py for the rules."""
+
+    dedup_window_seconds: float = option(300.0, min=0, max=DAY)  # repeats of an active event fault: one record
+    open_after_evaluations: int = option(2, min=1, max=100)  # a condition reported this many times in a row opens
+    resolve_after_evaluations: int = option(2, min=1, max=100)  # ... and absent this many times in a row resolves
+    reopen_window_seconds: float = option(600.0, min=0, max=DAY)  # back within this long: the same fault reopens
+    event_quiet_seconds: float = option(3600.0, min=1, max=30 * DAY)  # an event fault below reset_gpu resolves
+    escalation_reboots: int = option(2, min=0, max=100)  # seen again after this many reboots: replace_node (0: off)
+    escalation_window_seconds: float = option(7 * DAY, min=60, max=365 * DAY)
+    retention_seconds: float = option(30 * DAY, min=3600, max=3650 * DAY)  # resolved faults and records kept
+    retention_max_resolved: int = option(10000, min=1, max=10_000_000)
+    boot_id_path: Path = option(Path("/proc/sys/kernel/random/boot_id"), absolute=True)
+
+
+def _endpoints(addresses: tuple[str, ...]) -> None:
+    check_grpc_addresses(addresses)
+    if len(set(addresses)) != len(addresses):
+        raise ValueError("an endpoint is listed twice")
+
+
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """[hook]: ReplacementHook.ReportFault endpoints, called for faults whose action reaches ``min_action``."""
+
+    endpoints: tuple[str, ...] = option((), check=_endpoints)  # unix:/path or HOST:PORT
+    min_action: str = option("replace_node", choices=HOOK_ACTIONS, lower=True)
+    node_name: str = ""  # empty: the host name
+    timeout_seconds: float = option(30.0, min=0.1, max=3600)
+    backoff_initial_seconds: float = option(1.0, min=0.01, max=3600)
+    backoff_max_seconds: float = option(300.0, min=0.01, max=86400)
+    # HOST:PORT endpoints are called with mutual TLS (unix: endpoints stay plaintext); all three files are required
+    tls_ca_file: Path | None = option(None, absolute=True)  # CA that signed the hook's server certificate
+    tls_cert_file: Path | None = option(None, absolute=True)  # this daemon's client certificate
+    tls_key_file: Path | None = option(None, absolute=True)
+    tls_server_name: str = ""  # name to check in the hook's certificate; "" means the endpoint's host
+
+    def check(self) -> None:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ConfigError(
+                f"hook.backoff_max_seconds: must be at least backoff_initial_seconds ({self.backoff_initial_seconds:g})"
+            )

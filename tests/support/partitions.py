@@ -1,0 +1,35 @@
+"""A partitions component over any backend, wired as the daemon wires it (for tests that need no whole daemon)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.protocol import Backend
+from healthd.host import HostSettings, choose_host
+from healthd.partition.settings import PartitionSettings
+from healthd.partition.wiring import PartitionsComponent
+
+
+def partitions_on(
+    backend: Backend,
+    state_dir: Path,
+    settings: PartitionSettings | None = None,
+    *,
+    host: HostSettings | None = None,
+    runtime_dir: Path | None = None,
+    **kwargs: Any,
+) -> PartitionsComponent:
+    """``backend`` behind its device lanes; the host view chosen for it (simulated files under ``state_dir``)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
+    view = choose_host(host or HostSettings(), backend, state_dir)
+    return PartitionsComponent(
+        settings or PartitionSettings(),
+        device,
+        view,
+        state_dir,
+        runtime_dir=runtime_dir or state_dir.parent / "run",
+        **kwargs,
+    )

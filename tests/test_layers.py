@@ -1,0 +1,111 @@
+"""The layers run one way: exporter never imports healthd, the device plugin imports neither, and no package has
+an import cycle (counting every import in a module: lazy ones inside functions and TYPE_CHECKING ones too, since a
+cycle hidden that way is still one)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("exporter", "healthd", "deviceplugin")
+GENERATED = ("_pb2.py", "_pb2_grpc.py")
+
+
+def modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        if path.name.endswith(GENERATED):
+            continue
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path, name: str) -> Iterator[str]:
+    """Every module this one imports, resolved to full dotted names (relative imports included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def graph() -> dict[str, set[str]]:
+    known: dict[str, Path] = {}
+    for package in PACKAGES:
+        if (REPO / package).is_dir():
+            known.update(modules(package))
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = {t for t in imports(path, name) if t in known and t != name}
+        # importing a package's module also runs the package's __init__; cycles through __init__ count
+        edges[name] = targets
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_exporter_never_imports_healthd_or_the_plugin() -> None:
+    bad = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if name.startswith("exporter")
+        for target in targets
+        if target.startswith(("healthd", "deviceplugin"))
+    )
+    assert bad == []
+
+
+def test_the_device_plugin_talks_to_the_daemon_only_through_its_api() -> None:
+    if not (REPO / "deviceplugin").is_dir():
+        pytest.skip("no deviceplugin package in this tree")
+    bad = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if name.startswith("deviceplugin")
+        for target in targets
+        if target.startswith(("exporter", "healthd")) and not target.startswith("healthd.api")
+    )
+    assert bad == []
+
+
+def test_no_import_cycles() -> None:
+    assert find_cycle(graph()) is None, " -> ".join(find_cycle(graph()) or [])
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
