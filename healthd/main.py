@@ -16,7 +16,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.attribution.attributor import Attribution
 from exporter.backends.errors import BackendError
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.select import choose_backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors

@@ -10,13 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exporter.backends.errors import GpuLostError
-from exporter.backends.guarded import (
-    CallTimeoutError,
-    CardHungError,
-    DeadlineSettings,
-    DeviceAccess,
-    GuardedBackend,
-)
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
 
 FAST = DeadlineSettings(read_seconds=0.2, change_seconds=0.3, open_seconds=0.5)

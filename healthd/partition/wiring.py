@@ -13,7 +13,8 @@ from pathlib import Path
 
 import structlog
 
-from exporter.backends.guarded import DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.snapshot import Snapshot
