@@ -202,7 +202,7 @@ class Daemon:
         self.grpc = GrpcServer(
             config.grpc_addresses,
             [
-                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend), _add_simulation),
+                Service("xpu.runtime.v1.Simulation", SimulationService(self.backend.injector), _add_simulation),
                 *self.topology.services,
                 Service(health_service.SERVICE_NAME, self.fault_runtime.service, health_service.add_to_server),
                 *([self.partitions.read_service] if self.partitions else []),

@@ -46,6 +46,17 @@ def test_calls_answer_like_the_backend(device: GuardedBackend, sim: SimulatedBac
     assert counters.calls["device_count"] == 1 and counters.calls["sample"] == 1
 
 
+def test_the_injector_is_the_backends_and_no_lane_carries_it(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    assert device.injector is sim.injector
+    sim.inject("hang", 3, {"call": "*"})
+    with pytest.raises(CallTimeoutError):
+        device.sample(3)
+    assert device.injector is not None
+    assert "XID 79 on GPU 3" in device.injector.inject("xid", 3, {"code": "79"}), "a hung card still takes faults"
+    assert "GPU 3" in device.injector.clear(3)
+    assert wait_for(lambda: not device.access.hung()), "clearing the hang lets the stuck call return"
+
+
 def test_backend_errors_pass_through_and_are_counted(device: GuardedBackend, sim: SimulatedBackend) -> None:
     sim.inject("gpu_lost", 4)
     with pytest.raises(GpuLostError):

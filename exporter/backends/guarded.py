@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from exporter.backends.lanes import EVENTS, NODE, DeviceAccess, Pending, Scope
-from exporter.backends.protocol import Backend
+from exporter.backends.protocol import Backend, FaultInjector
 from exporter.backends.types import (
     DeviceEvent,
     DeviceInfo,
@@ -37,6 +37,11 @@ class GuardedBackend:
         self.access = access
         self.name = access.backend.name
         self.aio = AsyncDevice(access)
+
+    @property
+    def injector(self) -> FaultInjector | None:
+        """The backend's fault injector: not a driver call, so it does not go through a lane."""
+        return self.access.backend.injector
 
     @property
     def raw(self) -> Backend:

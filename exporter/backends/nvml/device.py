@@ -43,6 +43,7 @@ from exporter.backends.nvml.cards import CardWatch, Refresh, per_card
 from exporter.backends.nvml.events import EventSet, handle_key
 from exporter.backends.nvml.processes import ProcessReader
 from exporter.backends.nvml.profiling import NvmlProfiling
+from exporter.backends.protocol import FaultInjector
 from exporter.backends.types import (
     UNSUPPORTED,
     ComputeMode,
@@ -69,6 +70,7 @@ class NvmlBackend:
     """The Backend protocol on real NVIDIA GPUs."""
 
     name = "nvml"
+    injector: FaultInjector | None = None  # real cards take no injected faults
 
     def __init__(
         self,

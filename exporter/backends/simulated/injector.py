@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from exporter.backends.protocol import UnknownGpuError
 from exporter.backends.simulated.card import Card, PodPlacement, Proc
 from exporter.backends.types import ComputeMode, DeviceEvent, EventKind, LinkState
 
@@ -54,7 +55,8 @@ class SimulatedInjector:
         return FAULT_PARAMS
 
     def inject(self, kind: str, gpu: int = 0, params: Mapping[str, str] | None = None) -> str:
-        """Apply one fault by name; returns a one-line description. Raises ValueError on bad input."""
+        """Apply one fault by name; returns a one-line description. Raises UnknownGpuError for a card the node does
+        not have, ValueError on any other bad input."""
         p = dict(params or {})
         if kind not in FAULT_PARAMS:
             raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(sorted(FAULT_PARAMS))}")
@@ -68,7 +70,7 @@ class SimulatedInjector:
 
     def clear(self, gpu: int | None = None) -> str:
         """Remove the persistent faults (lost card, hangs, link down, orphan memory) on one card or all."""
-        cards = self._cards if gpu is None else [self._cards[gpu]]
+        cards = self._cards if gpu is None else [self._card(gpu)]
         for card in cards:
             with card.lock:
                 card.lost = False
@@ -83,7 +85,7 @@ class SimulatedInjector:
 
     def _card(self, gpu: int) -> Card:
         if not 0 <= gpu < len(self._cards):
-            raise ValueError(f"gpu {gpu} does not exist (this node has {len(self._cards)})")
+            raise UnknownGpuError(gpu, len(self._cards))
         return self._cards[gpu]
 
     def _emit(self, card: Card, kind: EventKind, xid: int, data: int = 0, mig: tuple[int, int] | None = None) -> None:
