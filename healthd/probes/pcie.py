@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.backends.types import DeviceSample, Unsupported
+from exporter.backends.types import ClockEventReason, DeviceSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport, Severity
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 
 CHECK = "pcie"
-CLOCKS_EVENT_GPU_IDLE = 0x01
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +32,7 @@ def _busy(s: DeviceSample, threshold: float) -> bool:
     if not isinstance(s.gpu_utilization_ratio, Unsupported):
         return s.gpu_utilization_ratio >= threshold
     if not isinstance(s.clock_event_reasons, Unsupported):
-        return not s.clock_event_reasons & CLOCKS_EVENT_GPU_IDLE
+        return not s.clock_event_reasons & ClockEventReason.GPU_IDLE
     return False
 
 

@@ -21,6 +21,7 @@ from exporter.backends.simulated.injector import SimulatedInjector
 from exporter.backends.types import (
     UNKNOWN,
     UNSUPPORTED,
+    ClockEventReason,
     DeviceEvent,
     DeviceInfo,
     DeviceProfiling,
@@ -164,7 +165,7 @@ class SimulatedBackend:
                 energy_joules=round(card.energy, 3),
                 sm_clock_mhz=(s.sm_clock_max_mhz - int(60 * load)) if busy else s.sm_clock_idle_mhz,
                 memory_clock_mhz=s.memory_clock_mhz,
-                clock_event_reasons=0 if busy else 1,  # bit 0: GPU idle
+                clock_event_reasons=0 if busy else int(ClockEventReason.GPU_IDLE),
                 performance_state=0,
                 pcie_generation=s.pcie_generation,
                 pcie_width=s.pcie_width,
