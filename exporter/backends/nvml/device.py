@@ -25,8 +25,9 @@ from typing import Any, Final
 import pynvml
 import structlog
 
+import exporter.backends.nvml.fields as fields
+import exporter.backends.nvml.mig as mig
 from exporter.backends.errors import BackendError, DriverUnavailableError, NotFoundError
-from exporter.backends.nvml import fields, mig
 from exporter.backends.nvml.calls import (
     UNSUPPORTED_CODES,
     as_bool,

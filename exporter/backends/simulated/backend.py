@@ -11,11 +11,11 @@ import queue
 import time
 from collections.abc import Callable, Mapping
 
+import exporter.backends.simulated.card as model
+import exporter.backends.simulated.mig as mig
+import exporter.backends.simulated.profiling as profiling_model
 from exporter.backends.errors import DriverUnavailableError, GpuLostError, NotFoundError, VersionMismatchError
 from exporter.backends.scenario import Scenario, load_scenario
-from exporter.backends.simulated import card as model
-from exporter.backends.simulated import mig
-from exporter.backends.simulated import profiling as profiling_model
 from exporter.backends.simulated.card import Card, PodPlacement, Proc, SimulatedWorkload
 from exporter.backends.simulated.injector import SimulatedInjector
 from exporter.backends.types import (

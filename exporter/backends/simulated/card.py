@@ -11,8 +11,8 @@ import math
 import threading
 from dataclasses import dataclass, field
 
+import exporter.backends.simulated.profiling as profiling_model
 from exporter.backends.scenario import Scenario
-from exporter.backends.simulated import profiling as profiling_model
 from exporter.backends.types import ComputeMode, LinkState, MigProfile
 
 
