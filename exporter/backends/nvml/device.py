@@ -189,7 +189,7 @@ class NvmlBackend:
             ),
             nvlink_count=len(links),
             mig_capable=optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h) is not UNSUPPORTED,
-            compute_capability=UNSUPPORTED if isinstance(cc, Unsupported) else (int(cc[0]), int(cc[1])),
+            compute_capability=UNSUPPORTED if cc is UNSUPPORTED else (int(cc[0]), int(cc[1])),
             vbios_version=UNSUPPORTED if vbios is UNSUPPORTED else text(vbios),
         )
         with self._lock:
@@ -247,7 +247,7 @@ class NvmlBackend:
         values = fields.read_fields(h, self._field_request(index))
 
         def field(fid: int) -> int | float | Unsupported:
-            return fields.device_field(values, fid)
+            return values.get((fid, 0), UNSUPPORTED)  # a card-scoped field (scopeId 0)
 
         used, free, reserved = self._memory(h)
         util = optional("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, h)
@@ -260,8 +260,8 @@ class NvmlBackend:
         compute_mode = optional("nvmlDeviceGetComputeMode", pynvml.nvmlDeviceGetComputeMode, h)
         mig_mode = optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h)
         return DeviceSample(
-            gpu_utilization_ratio=UNSUPPORTED if isinstance(util, Unsupported) else ratio(util.gpu),
-            memory_utilization_ratio=UNSUPPORTED if isinstance(util, Unsupported) else ratio(util.memory),
+            gpu_utilization_ratio=UNSUPPORTED if util is UNSUPPORTED else ratio(util.gpu),
+            memory_utilization_ratio=UNSUPPORTED if util is UNSUPPORTED else ratio(util.memory),
             memory_used_bytes=used,
             memory_free_bytes=free,
             memory_reserved_bytes=reserved,
@@ -301,10 +301,10 @@ class NvmlBackend:
             nvlinks=(
                 fields.nvlink_samples(h, self._links.get(index, ()), values) if info.nvlink_count else UNSUPPORTED
             ),
-            compute_mode=UNSUPPORTED if isinstance(compute_mode, Unsupported) else ComputeMode(int(compute_mode)),
+            compute_mode=UNSUPPORTED if compute_mode is UNSUPPORTED else ComputeMode(int(compute_mode)),
             persistence_mode=as_bool(optional("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode, h)),
-            mig_mode_current=UNSUPPORTED if isinstance(mig_mode, Unsupported) else bool(mig_mode[0]),
-            mig_mode_pending=UNSUPPORTED if isinstance(mig_mode, Unsupported) else bool(mig_mode[1]),
+            mig_mode_current=UNSUPPORTED if mig_mode is UNSUPPORTED else bool(mig_mode[0]),
+            mig_mode_pending=UNSUPPORTED if mig_mode is UNSUPPORTED else bool(mig_mode[1]),
         )
 
     def _field_request(self, index: int) -> tuple[fields.FieldKey, ...]:

@@ -114,14 +114,13 @@ def field_request(links: tuple[int, ...]) -> tuple[FieldKey, ...]:
 def read_fields(h: Any, request: tuple[FieldKey, ...]) -> dict[FieldKey, int | float]:
     """One ``nvmlDeviceGetFieldValues`` batch; fields the card does not answer are left out."""
     values = optional("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, h, list(request))
-    if isinstance(values, Unsupported):
+    if values is UNSUPPORTED:
         return {}
     out: dict[FieldKey, int | float] = {}
     for key, fv in zip(request, values, strict=True):
         value = decode_field(fv)
-        if isinstance(value, Unsupported):
-            continue
-        out[key] = value  # raw: a counter that goes down was reset (driver reload), which Prometheus handles
+        if value is not UNSUPPORTED:
+            out[key] = value  # raw: a counter that goes down was reset (driver reload), which Prometheus handles
     return out
 
 
