@@ -66,7 +66,7 @@ class CallRecorder:
                 setattr(self.module, name, fn)
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        # wraps() keeps the signature visible: the backend inspects some pynvml signatures (nvml.py _list_call)
+        # wraps() keeps the signature visible: the backend inspects some pynvml signatures (nvml/calls.py list_call)
         @wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if self._depth == 0:

@@ -27,7 +27,7 @@ from prometheus_client.registry import CollectorRegistry
 from bench.common import BenchArgs, Row, median
 from bench.scenarios import scaled
 from exporter.backends.errors import BackendError
-from exporter.backends.nvml_profiling import NvmlProfiling
+from exporter.backends.nvml.profiling import NvmlProfiling
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors

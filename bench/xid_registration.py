@@ -25,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.backends.nvml_events import EVENT_MASK
+from exporter.backends.nvml.events import EVENT_MASK
 from exporter.backends.recovery import decode_recovery_action, driver_branch
 
 EXCLUDED = {"nvmlEventTypeAll", "nvmlEventTypeNone"}

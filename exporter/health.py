@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.backends.guarded import HungCall
+from exporter.backends.lanes import HungCall
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 

@@ -1,6 +1,6 @@
 """Background sampling into immutable Snapshots.
 
-Every driver call goes through the device-access layer (``exporter/backends/guarded.py``): one lane per card, a
+Every driver call goes through the device-access layer (``exporter/backends/{guarded,lanes}.py``): one lane per card, a
 deadline on every call. A cycle fans out over the cards in two rounds (identity and sample; then processes and MIG
 instances) and waits for each call at most its deadline. A card whose call passes its deadline is marked not fresh
 (its last good reading is kept for context); while its lane stays hung, its calls fail at once, so a hung card
@@ -24,14 +24,8 @@ from typing import Any
 import structlog
 
 from exporter.backends.errors import BackendError
-from exporter.backends.guarded import (
-    CallTimeoutError,
-    CardHungError,
-    DeadlineSettings,
-    DeviceAccess,
-    GuardedBackend,
-    Pending,
-)
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess, Pending
 from exporter.backends.protocol import Backend
 from exporter.backends.types import (
     DeviceInfo,

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from exporter.backends.recovery import RecoveryAction, decode_recovery_action
-from exporter.backends.types import ComputeMode, LinkState, Unsupported
-from exporter.collectors.card import CLOCK_EVENT_REASONS
+from exporter.backends.types import ClockEventReason, ComputeMode, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
 
-SLOWDOWN_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
 LEAK_BYTES = 1 << 30
 T = TypeVar("T")
 
@@ -94,9 +92,9 @@ def card_problems(gpu: GpuSnapshot, driver_version: str | None = None) -> list[P
     if s.compute_mode is ComputeMode.PROHIBITED:
         out.append(Problem("warn", "compute mode Prohibited"))
     if isinstance(s.clock_event_reasons, int):
-        slow = [name for bit, name in CLOCK_EVENT_REASONS if s.clock_event_reasons & bit and name in SLOWDOWN_REASONS]
+        slow = ClockEventReason.slowdowns(s.clock_event_reasons)
         if slow:
-            out.append(Problem("warn", "slowed down: " + ", ".join(slow)))
+            out.append(Problem("warn", "slowed down: " + ", ".join(reason.label for reason in slow)))
     if not gpu.processes and s.memory_used_bytes > LEAK_BYTES and not gpu.mig_instances:
         out.append(Problem("warn", f"{s.memory_used_bytes / 2**30:.1f} GiB held with no process"))
     return out

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from exporter.backends.errors import BackendError, InsufficientResourcesError, InUseError, NotFoundError
-from exporter.backends.protocol import Backend
+from exporter.backends.protocol import Backend, UnknownGpuError
 from exporter.backends.recovery import decode_recovery_action
 from exporter.backends.types import (
     UNKNOWN,
@@ -164,6 +164,30 @@ def test_implements_the_protocol(backend: Backend) -> None:
     assert isinstance(backend, Backend)
     assert isinstance(backend.name, str)
     assert backend.name
+
+
+def test_fault_injection_is_a_capability(backend: Backend) -> None:
+    """Real cards offer no injector; an injector names its kinds and refuses cards the node does not have, before it
+    touches any card."""
+    injector = backend.injector
+    if backend.name == "nvml":
+        assert injector is None
+        return
+    assert injector is not None
+    assert injector.kinds, "an injector with no fault kinds"
+    for kind, params in injector.kinds.items():
+        assert isinstance(kind, str) and kind
+        assert isinstance(params, frozenset) and all(isinstance(p, str) for p in params)
+    count = backend.device_count()
+    kind = sorted(injector.kinds)[0]
+    for gpu in (count, count + 7, -1):
+        with pytest.raises(UnknownGpuError) as err:
+            injector.inject(kind, gpu, {})
+        assert err.value.gpu == gpu and err.value.count == count
+        assert isinstance(err.value, ValueError)  # a caller's mistake, as any other bad parameter
+        with pytest.raises(UnknownGpuError):
+            injector.clear(gpu)
+    assert isinstance(injector.clear(), str)
 
 
 def test_system_info(backend: Backend) -> None:

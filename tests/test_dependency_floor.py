@@ -5,7 +5,7 @@ come from the development venv behind it (a .pth file), so the pynvml imported t
 NVML backend is imported and its tests over the H200 capture fake run: the read-only Backend contract and the
 translation checks (tests/test_nvml_capture.py).
 
-Why 12.570.86: it is the first release with every pynvml constant exporter/backends/nvml.py uses. Checked against
+Why 12.570.86: it is the first release with every pynvml constant exporter/backends/nvml/ uses. Checked against
 PyPI: 12.535.161 lacks NVML_ERROR_INVALID_STATE, 12.550.89 and 12.555.43 lack NVML_VALUE_TYPE_UNSIGNED_SHORT,
 12.560.30 lacks NVML_FI_DEV_GET_GPU_RECOVERY_ACTION. Needs the package index (pip), as the .deb build does.
 """

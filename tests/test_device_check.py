@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import device_check
+from bench import device_check, device_report
 from bench.daemon_bench import DaemonRun
 from bench.scenarios import scaled
 
@@ -172,10 +172,10 @@ def test_summary_renders_a_full_result() -> None:
             },
         },
     }
-    text = device_check.summary(json.loads(json.dumps(results)))
+    text = device_report.summary(json.loads(json.dumps(results)))
     assert "contract tests on real NVML: PASS" in text
     assert "daemon minute (1 GPU): OK" in text
     assert "1.20x, 17 calls" in text
     assert "nvitop-exporter          ERROR ModuleNotFoundError" in text
-    errors = device_check.summary({"when": "x", "contract_rc": 1, "steps": {"daemon": {"error": "boom"}}})
+    errors = device_report.summary({"when": "x", "contract_rc": 1, "steps": {"daemon": {"error": "boom"}}})
     assert "FAIL (rc 1)" in errors and "daemon minute: ERROR boom" in errors

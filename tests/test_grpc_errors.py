@@ -297,7 +297,7 @@ class BrokenSimulation(SimulationService):
 def test_an_unexpected_exception_is_internal_without_python_text(tmp_path: Path, sim: Any) -> None:
     from healthd.sim.component import add_simulation
 
-    service = Service("xpu.runtime.v1.Simulation", BrokenSimulation(sim), add_simulation)
+    service = Service("xpu.runtime.v1.Simulation", BrokenSimulation(sim.injector), add_simulation)
     with (
         structlog.testing.capture_logs() as logs,
         LoopServer(tmp_path / "s.sock", [service]) as server,

@@ -38,7 +38,9 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     sim = SimulatedBackend.from_name("h200x1")
     sim.open()
     address = f"unix:{tmp_path_factory.mktemp('refl') / 's.sock'}"
-    server = GrpcServer([address], [Service("xpu.runtime.v1.Simulation", SimulationService(sim), add_simulation)])
+    server = GrpcServer(
+        [address], [Service("xpu.runtime.v1.Simulation", SimulationService(sim.injector), add_simulation)]
+    )
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

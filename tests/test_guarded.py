@@ -10,13 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exporter.backends.errors import GpuLostError
-from exporter.backends.guarded import (
-    CallTimeoutError,
-    CardHungError,
-    DeadlineSettings,
-    DeviceAccess,
-    GuardedBackend,
-)
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
 
 FAST = DeadlineSettings(read_seconds=0.2, change_seconds=0.3, open_seconds=0.5)
@@ -49,6 +44,17 @@ def test_calls_answer_like_the_backend(device: GuardedBackend, sim: SimulatedBac
     assert device.sample(2).memory_used_bytes >= 0
     counters = device.access.counters()
     assert counters.calls["device_count"] == 1 and counters.calls["sample"] == 1
+
+
+def test_the_injector_is_the_backends_and_no_lane_carries_it(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    assert device.injector is sim.injector
+    sim.inject("hang", 3, {"call": "*"})
+    with pytest.raises(CallTimeoutError):
+        device.sample(3)
+    assert device.injector is not None
+    assert "XID 79 on GPU 3" in device.injector.inject("xid", 3, {"code": "79"}), "a hung card still takes faults"
+    assert "GPU 3" in device.injector.clear(3)
+    assert wait_for(lambda: not device.access.hung()), "clearing the hang lets the stuck call return"
 
 
 def test_backend_errors_pass_through_and_are_counted(device: GuardedBackend, sim: SimulatedBackend) -> None:

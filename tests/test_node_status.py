@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.backends.guarded import HungCall
+from exporter.backends.lanes import HungCall
 from exporter.backends.simulated import SimulatedBackend
 from exporter.health import CardState, Level, stale_after, summarize
 from exporter.sampler import Sampler, SamplerConfig

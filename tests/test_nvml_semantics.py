@@ -16,7 +16,7 @@ from nvml_capture_fake import CAPTURED_PROCESS, FakeNvml, install
 
 from exporter.backends.errors import BackendError, GpuLostError
 from exporter.backends.nvml import NvmlBackend
-from exporter.backends.nvml_cards import CardWatch
+from exporter.backends.nvml.cards import CardWatch
 from exporter.backends.types import UNKNOWN, DeviceEvent, EventKind, GpuProcess
 from exporter.sampler import Sampler, SamplerConfig
 from tests.conftest import FakeClock

@@ -8,7 +8,6 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter.backends import nvml
 from exporter.backends.errors import (
     BackendError,
     DriverUnavailableError,
@@ -20,6 +19,7 @@ from exporter.backends.errors import (
     ResetRequiredError,
     VersionMismatchError,
 )
+from exporter.backends.nvml import NvmlBackend, calls, fields, mig
 from exporter.backends.types import UNSUPPORTED
 
 
@@ -49,51 +49,51 @@ def _raiser(code: int) -> Any:
     ],
 )
 def test_translate_maps_codes(code: int, expected: type[BackendError]) -> None:
-    err = nvml._translate(pynvml.NVMLError(code), "nvmlDeviceGetMemoryInfo")
+    err = calls.translate(pynvml.NVMLError(code), "nvmlDeviceGetMemoryInfo")
     assert type(err) is expected
     assert err.call == "nvmlDeviceGetMemoryInfo"
     assert str(code) in str(err)
 
 
 def test_no_permission_is_driver_unavailable_only_at_init() -> None:
-    err = nvml._translate(pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION), "nvmlInit", init=True)
+    err = calls.translate(pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION), "nvmlInit", init=True)
     assert type(err) is DriverUnavailableError
     assert err.call == "nvmlInit"
 
 
 def test_translate_uses_pynvml_subclasses() -> None:
     # pynvml.NVMLError(code) builds NVMLError_GpuIsLost etc.; the class name lands in the message.
-    err = nvml._translate(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST), "nvmlDeviceGetPowerUsage")
+    err = calls.translate(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST), "nvmlDeviceGetPowerUsage")
     assert "NVMLError_GpuIsLost" in str(err)
 
 
 @pytest.mark.parametrize("code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND])
 def test_optional_turns_unsupported_into_marker(code: int) -> None:
-    assert nvml._optional("nvmlDeviceGetFanSpeed", _raiser(code)) is UNSUPPORTED
+    assert calls.optional("nvmlDeviceGetFanSpeed", _raiser(code)) is UNSUPPORTED
 
 
 def test_optional_passes_values_and_arguments() -> None:
-    assert nvml._optional("nvmlDeviceGetClockInfo", lambda h, t: (h, t), "h", 1) == ("h", 1)
+    assert calls.optional("nvmlDeviceGetClockInfo", lambda h, t: (h, t), "h", 1) == ("h", 1)
 
 
 def test_optional_raises_translated_for_real_faults() -> None:
     with pytest.raises(GpuLostError) as info:
-        nvml._optional("nvmlDeviceGetTemperature", _raiser(pynvml.NVML_ERROR_GPU_IS_LOST))
+        calls.optional("nvmlDeviceGetTemperature", _raiser(pynvml.NVML_ERROR_GPU_IS_LOST))
     assert info.value.call == "nvmlDeviceGetTemperature"
     assert isinstance(info.value.__cause__, pynvml.NVMLError)
 
 
 def test_call_translates_even_not_supported() -> None:
     with pytest.raises(BackendError) as info:
-        nvml._call("nvmlDeviceGetMemoryInfo", _raiser(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        calls.call("nvmlDeviceGetMemoryInfo", _raiser(pynvml.NVML_ERROR_NOT_SUPPORTED))
     assert info.value.call == "nvmlDeviceGetMemoryInfo"
 
 
 def test_skippable_skips_unused_slots() -> None:
-    assert nvml._skippable("x", _raiser(pynvml.NVML_ERROR_INVALID_ARGUMENT)) is None
-    assert nvml._skippable("x", _raiser(pynvml.NVML_ERROR_NOT_SUPPORTED)) is None
+    assert calls.skippable("x", _raiser(pynvml.NVML_ERROR_INVALID_ARGUMENT)) is None
+    assert calls.skippable("x", _raiser(pynvml.NVML_ERROR_NOT_SUPPORTED)) is None
     with pytest.raises(InUseError):
-        nvml._skippable("x", _raiser(pynvml.NVML_ERROR_IN_USE))
+        calls.skippable("x", _raiser(pynvml.NVML_ERROR_IN_USE))
 
 
 def _field(value_type: int, member: str, value: float, ret: int = pynvml.NVML_SUCCESS) -> Any:
@@ -120,7 +120,7 @@ def _field(value_type: int, member: str, value: float, ret: int = pynvml.NVML_SU
 def test_decode_field_reads_the_member_named_by_value_type(
     value_type: int, member: str, raw: float, expected: float
 ) -> None:
-    decoded = nvml._decode_field(_field(value_type, member, raw))
+    decoded = fields.decode_field(_field(value_type, member, raw))
     assert decoded == expected
     assert type(decoded) is type(expected)
 
@@ -128,22 +128,22 @@ def test_decode_field_reads_the_member_named_by_value_type(
 def test_decode_field_ignores_other_union_members() -> None:
     # The capture shows ECC_CURRENT as type 3 with dVal reading 5e-324: only the typed member is meaningful.
     fv = _field(pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 1)
-    assert nvml._decode_field(fv) == 1
+    assert fields.decode_field(fv) == 1
 
 
 @pytest.mark.parametrize("ret", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_UNKNOWN])
 def test_decode_field_failed_return_is_unsupported(ret: int) -> None:
-    assert nvml._decode_field(_field(pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 40, ret)) is UNSUPPORTED
+    assert fields.decode_field(_field(pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 40, ret)) is UNSUPPORTED
 
 
 def test_decode_field_unknown_type_is_unsupported() -> None:
-    assert nvml._decode_field(_field(99, "ullVal", 1)) is UNSUPPORTED
+    assert fields.decode_field(_field(99, "ullVal", 1)) is UNSUPPORTED
 
 
 def test_profile_name_strips_mig_prefix() -> None:
-    assert nvml._profile_name("MIG 1g.18gb", 1, 16384) == "1g.18gb"
-    assert nvml._profile_name(b"MIG 1g.18gb+me", 1, 16384) == "1g.18gb+me"
-    assert nvml._profile_name("", 3, 71424) == "3g.70gb"  # no name from a v1 struct: synthesised
+    assert mig.profile_name("MIG 1g.18gb", 1, 16384) == "1g.18gb"
+    assert mig.profile_name(b"MIG 1g.18gb+me", 1, 16384) == "1g.18gb+me"
+    assert mig.profile_name("", 3, 71424) == "3g.70gb"  # no name from a v1 struct: synthesised
 
 
 def test_list_call_supports_both_pynvml_signatures() -> None:
@@ -159,19 +159,19 @@ def test_list_call_supports_both_pynvml_signatures() -> None:
         return [p]
 
     kind = pynvml.c_nvmlGpuInstancePlacement_t
-    refs = nvml._list_call("nvmlDeviceGetGpuInstancePossiblePlacements", with_refs, kind, 8, "h", 9)
+    refs = calls.list_call("nvmlDeviceGetGpuInstancePossiblePlacements", with_refs, kind, 8, "h", 9)
     assert [(p.start, p.size) for p in refs] == [(0, 4), (4, 4)]
-    listed = nvml._list_call("nvmlDeviceGetGpuInstancePossiblePlacements", plain, kind, 8, "h", 0)
+    listed = calls.list_call("nvmlDeviceGetGpuInstancePossiblePlacements", plain, kind, 8, "h", 0)
     assert [(p.start, p.size) for p in listed] == [(0, 8)]
 
 
 def test_installed_pynvml_placements_wrapper_wants_refs() -> None:
-    # The H200 capture's TypeError: nvidia-ml-py needs placementsRef and countRef; _list_call must see that.
-    assert nvml._takes_out_refs(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, 2)
+    # The H200 capture's TypeError: nvidia-ml-py needs placementsRef and countRef; calls.list_call must see that.
+    assert calls.takes_out_refs(pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, 2)
 
 
 def test_unopened_backend_refuses_calls() -> None:
-    backend = nvml.NvmlBackend()
+    backend = NvmlBackend()
     with pytest.raises(DriverUnavailableError):
         backend.sample(0)
     backend.close()  # closing what was never opened is fine

@@ -66,7 +66,8 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 
 
 def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
-    from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+    from exporter.backends.guarded import GuardedBackend
+    from exporter.backends.lanes import DeadlineSettings, DeviceAccess
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
     from healthd.host import HostSettings, choose_host

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import Unsupported

@@ -1,36 +1,18 @@
-"""The device-access layer: the only way anything in the daemon reaches the GPU driver.
+"""The device-access layer's Backend facades: the only way anything in the daemon reaches the GPU driver.
 
-A driver call can block for minutes (an H200 sat in ``nvmlSystemGetTopologyGpuSet`` for more than 100 s, while the
-rest of NVML kept answering). So every call runs on a *lane*: one thread per card, one for node-wide calls and one
-for the driver's event wait. A caller never runs a driver call itself and never waits past the call's deadline:
-
-- A call that passes its deadline is counted as a timeout once, its caller gets :class:`CallTimeoutError`, and the
-  lane is marked hung. Calls queued behind it, and every new call to that lane, fail at once with
-  :class:`CardHungError` naming the card and the stuck call, until the stuck call returns; then the lane is
-  healthy again by itself.
-- A hung card therefore costs exactly its own lane's thread, however long it stays hung and however many
-  callers try it: no thread is started per call, and no shared pool ever waits on the driver.
-- Sync callers (the sampler, the topology collector, the XID watcher) use :class:`GuardedBackend`, which
-  implements the Backend protocol with those rules. Async callers (the partition manager) use its ``aio`` view,
-  whose methods are awaitables that never block the event loop.
+Every method runs the backend's call on its card's lane (``lanes.py``) and obeys its deadline. Sync callers (the
+sampler, the topology collector, the XID watcher) use :class:`GuardedBackend`, which implements the Backend
+protocol with those rules. Async callers (the partition manager) use its ``aio`` view, :class:`AsyncDevice`, whose
+methods are awaitables that never block the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections import Counter, deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-import structlog
-
-from exporter.backends.errors import BackendError
-from exporter.backends.protocol import Backend
+from exporter.backends.lanes import EVENTS, NODE, DeviceAccess, Pending, Scope
+from exporter.backends.protocol import Backend, FaultInjector
 from exporter.backends.types import (
     DeviceEvent,
     DeviceInfo,
@@ -44,394 +26,8 @@ from exporter.backends.types import (
     Unknown,
     Unsupported,
 )
-from exporter.snapshot import CallCounters
 
 T = TypeVar("T")
-log = structlog.get_logger("device")
-
-NODE = "node"  # lane of node-wide calls: open, close, system_info, device_count
-EVENTS = "events"  # lane of the driver's event wait (it blocks by design, so it gets its own)
-Scope = int | str  # a card index, NODE or EVENTS
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlineSettings:
-    """How long a call may take before its card is considered hung."""
-
-    read_seconds: float = 2.0  # reads: sample, processes, device_info, MIG listings, NVLink peers
-    change_seconds: float = 20.0  # MIG instance create/destroy (the driver reconfigures the card)
-    open_seconds: float = 10.0  # nvmlInit and friends
-
-    def __post_init__(self) -> None:
-        for name in ("read_seconds", "change_seconds", "open_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-
-
-class CallTimeoutError(BackendError):
-    """The call passed its deadline. It may still be running in the driver; its lane is marked hung."""
-
-    def __init__(self, message: str, *, call: str, scope: Scope) -> None:
-        super().__init__(message, call=call, code="timeout")
-        self.scope = scope
-
-
-class CardHungError(BackendError):
-    """The lane is stuck in an earlier call: this one was not attempted (it would only have queued behind it)."""
-
-    def __init__(self, message: str, *, call: str, scope: Scope, stuck_call: str, stuck_seconds: float) -> None:
-        super().__init__(message, call=call, code="hung")
-        self.scope = scope
-        self.stuck_call = stuck_call
-        self.stuck_seconds = stuck_seconds
-
-
-@dataclass(frozen=True, slots=True)
-class HungCall:
-    """A call past its deadline that has not returned yet."""
-
-    scope: Scope
-    call: str
-    since: float  # monotonic time the call started
-    deadline_seconds: float
-
-    def describe(self, now: float) -> str:
-        where = f"GPU {self.scope}" if isinstance(self.scope, int) else f"the {self.scope} lane"
-        return f"{where}: {self.call} has not returned after {now - self.since:.0f}s"
-
-
-def scope_name(scope: Scope) -> str:
-    return f"GPU {scope}" if isinstance(scope, int) else f"driver ({scope} calls)"
-
-
-@dataclass(eq=False, slots=True)
-class _Job:
-    call: str
-    fn: Callable[[], Any]
-    deadline: float
-    submitted: float
-    future: Future[Any] = field(default_factory=Future)  # what the caller sees: may be a timeout
-    outcome: Future[Any] = field(default_factory=Future)  # what the driver answered, whenever it does
-    started: float | None = None
-
-
-def _fail(job: _Job, error: BaseException) -> None:
-    """A job that never ran: its caller and anyone waiting for the driver's answer get the same error."""
-    job.future.set_exception(error)
-    job.outcome.set_exception(error)
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
-        self._errors: Counter[tuple[str, str]] = Counter()
-        self._timeouts: Counter[str] = Counter()
-
-    def call(self, name: str) -> None:
-        with self._lock:
-            self._calls[name] += 1
-
-    def error(self, name: str, code: str) -> None:
-        with self._lock:
-            self._errors[(name, code)] += 1
-
-    def timeout(self, name: str) -> None:
-        with self._lock:
-            self._timeouts[name] += 1
-
-    def freeze(self) -> CallCounters:
-        with self._lock:
-            return CallCounters(
-                calls=MappingProxyType(dict(self._calls)),
-                errors=MappingProxyType(dict(self._errors)),
-                timeouts=MappingProxyType(dict(self._timeouts)),
-            )
-
-
-class Lane:
-    """One thread that runs the driver calls of one scope, in order, and knows when it is stuck."""
-
-    def __init__(self, scope: Scope, counters: _Counters, monotonic: Callable[[], float]) -> None:
-        self.scope = scope
-        self._counters = counters
-        self._monotonic = monotonic
-        self._cond = threading.Condition()
-        self._queue: deque[_Job] = deque()
-        self._current: _Job | None = None
-        self._hung: HungCall | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"lane-{scope}", daemon=True)
-        self._thread.start()
-
-    # -- caller side ---------------------------------------------------------------------------------------------
-
-    def submit(self, call: str, fn: Callable[[], Any], deadline: float) -> _Job:
-        job = _Job(call, fn, deadline, self._monotonic())
-        with self._cond:
-            self._expire_locked(job.submitted)
-            if self._hung is not None:
-                error = self._hung_error(call, job.submitted)
-                self._counters.error(call, error.code)
-                _fail(job, error)
-                return job
-            if self._closed:
-                _fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=call))
-                return job
-            self._queue.append(job)
-            self._cond.notify_all()
-        return job
-
-    def expiry(self, job: _Job) -> float | None:
-        """When the wait for ``job`` runs out (monotonic), or None once it is done."""
-        with self._cond:
-            return self._expiry_locked(job)
-
-    def expire(self, job: _Job, now: float) -> None:
-        """Called by a waiter whose wait ran out: mark the lane hung and fail what cannot finish in time."""
-        with self._cond:
-            self._expire_locked(now)
-            if job.future.done():
-                return
-            if job is self._current:
-                return  # still running and not yet past its own deadline (the waiter woke early)
-            expiry = self._expiry_locked(job)
-            if job.started is None and expiry is not None and now >= expiry:
-                # queued behind a slow call that is not (yet) past its deadline: give up on this one only
-                self._queue.remove(job)
-                running = self._current.call if self._current else "?"
-                error = CallTimeoutError(
-                    f"{scope_name(self.scope)}: {job.call} waited {now - job.submitted:.1f}s behind {running}",
-                    call=job.call,
-                    scope=self.scope,
-                )
-                self._counters.timeout(job.call)
-                _fail(job, error)
-
-    def hung(self) -> HungCall | None:
-        with self._cond:
-            self._expire_locked(self._monotonic())
-            return self._hung
-
-    def close(self) -> None:
-        """No new calls; queued ones fail. A call in the driver is left to return (or not) on its own."""
-        with self._cond:
-            self._closed = True
-            while self._queue:
-                job = self._queue.popleft()
-                _fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=job.call))
-            self._cond.notify_all()
-
-    def join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    # -- internals (hold self._cond) -----------------------------------------------------------------------------
-
-    def _expiry_locked(self, job: _Job) -> float | None:
-        if job.future.done():
-            return None
-        if job.started is not None:
-            return job.started + job.deadline
-        current = self._current
-        if current is not None and current.started is not None:
-            # queued behind a running call: decided when that one passes its deadline (or returns); the running
-            # call may have started after this one was queued, so the waiter asks again rather than give up early
-            return max(current.started + current.deadline, job.submitted + job.deadline)
-        return job.submitted + job.deadline
-
-    def _expire_locked(self, now: float) -> None:
-        current = self._current
-        if current is None or current.started is None or self._hung is not None:
-            return
-        if now - current.started < current.deadline:
-            return
-        self._hung = HungCall(self.scope, current.call, current.started, current.deadline)
-        self._counters.timeout(current.call)
-        log.warning(
-            "driver call exceeded its deadline; failing fast on this lane until it returns",
-            lane=str(self.scope),
-            call=current.call,
-            deadline_seconds=current.deadline,
-        )
-        if not current.future.done():
-            current.future.set_exception(
-                CallTimeoutError(
-                    f"{scope_name(self.scope)}: {current.call} did not answer within {current.deadline:g}s",
-                    call=current.call,
-                    scope=self.scope,
-                )
-            )
-        while self._queue:
-            job = self._queue.popleft()
-            error = self._hung_error(job.call, now)
-            self._counters.error(job.call, error.code)
-            _fail(job, error)
-
-    def _hung_error(self, call: str, now: float) -> CardHungError:
-        hung = self._hung
-        assert hung is not None
-        return CardHungError(
-            f"{scope_name(self.scope)} is not answering: {hung.call} has been stuck for {now - hung.since:.0f}s",
-            call=call,
-            scope=self.scope,
-            stuck_call=hung.call,
-            stuck_seconds=now - hung.since,
-        )
-
-    # -- the lane's thread -----------------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                job = self._queue.popleft()
-                if not job.future.set_running_or_notify_cancel():
-                    continue
-                job.started = self._monotonic()
-                self._current = job
-            self._counters.call(job.call)
-            try:
-                result = job.fn()
-            except BaseException as exc:  # handed to the caller, whatever it is
-                self._finish(job, None, exc)
-            else:
-                self._finish(job, result, None)
-
-    def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
-        now = self._monotonic()
-        with self._cond:
-            self._current = None
-            hung, self._hung = self._hung, None
-            if exc is not None:
-                code = exc.code if isinstance(exc, BackendError) else "internal"
-                self._counters.error(job.call, code)
-            for future in (job.future, job.outcome):
-                if future.done():  # the caller's future, when the call came back too late
-                    continue
-                if exc is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(exc)
-            self._cond.notify_all()
-        if hung is not None:
-            log.info(
-                "driver call returned after its deadline; lane answering again",
-                lane=str(self.scope),
-                call=job.call,
-                seconds=round(now - hung.since, 3),
-            )
-
-
-class DeviceAccess:
-    """The lanes of one backend, with their counters."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        deadlines: DeadlineSettings | None = None,
-        *,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.backend = backend
-        self.deadlines = deadlines or DeadlineSettings()
-        self._monotonic = monotonic
-        self._counters = _Counters()
-        self._lanes: dict[Scope, Lane] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def lane(self, scope: Scope) -> Lane:
-        with self._lock:
-            lane = self._lanes.get(scope)
-            if lane is None:
-                if self._closed:
-                    raise BackendError(f"{scope_name(scope)}: shutting down")
-                lane = self._lanes[scope] = Lane(scope, self._counters, self._monotonic)
-            return lane
-
-    def submit(self, scope: Scope, call: str, fn: Callable[[], T], deadline: float) -> Pending[T]:
-        lane = self.lane(scope)
-        return Pending(lane, lane.submit(call, fn, deadline), self._monotonic)
-
-    def now(self) -> float:
-        """The layer's monotonic clock (HungCall.since is on it)."""
-        return self._monotonic()
-
-    def hung(self) -> tuple[HungCall, ...]:
-        with self._lock:
-            lanes = list(self._lanes.values())
-        return tuple(h for lane in lanes if (h := lane.hung()) is not None)
-
-    def hung_cards(self) -> Mapping[int, HungCall]:
-        return {h.scope: h for h in self.hung() if isinstance(h.scope, int)}
-
-    def counters(self) -> CallCounters:
-        return self._counters.freeze()
-
-    def shutdown(self, timeout: float) -> tuple[HungCall, ...]:
-        """Close the lanes and give their threads ``timeout`` seconds; returns the calls still in the driver."""
-        with self._lock:
-            self._closed = True
-            lanes = list(self._lanes.values())
-        for lane in lanes:
-            lane.close()
-        end = self._monotonic() + timeout
-        for lane in lanes:
-            lane.join(max(0.0, end - self._monotonic()))
-        return tuple(h for lane in lanes if (h := lane.hung()) is not None)
-
-
-class Pending(Generic[T]):
-    """A submitted call: ``result()`` waits for it on a thread, ``wait()`` on the event loop; both obey its deadline."""
-
-    def __init__(self, lane: Lane, job: _Job, monotonic: Callable[[], float]) -> None:
-        self._lane = lane
-        self._job = job
-        self._monotonic = monotonic
-
-    @property
-    def outcome(self) -> Future[T]:
-        """The driver's answer: completes when the call returns, even after its deadline (a late MIG create)."""
-        return cast("Future[T]", self._job.outcome)
-
-    def result(self) -> T:
-        job = self._job
-        while True:
-            expiry = self._lane.expiry(job)
-            if expiry is None:
-                return cast("T", job.future.result())
-            left = expiry - self._monotonic()
-            if left > 0:
-                try:
-                    return cast("T", job.future.result(timeout=left))
-                except TimeoutError:
-                    pass
-            self._lane.expire(job, self._monotonic())
-
-    async def wait(self) -> T:
-        job = self._job
-        waiter = asyncio.wrap_future(job.future)
-        waiter.add_done_callback(_consume)
-        while True:
-            expiry = self._lane.expiry(job)
-            if expiry is None:
-                return cast("T", await waiter)
-            left = expiry - self._monotonic()
-            if left > 0:
-                done, _ = await asyncio.wait({waiter}, timeout=left)
-                if done:
-                    return cast("T", waiter.result())
-            self._lane.expire(job, self._monotonic())
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark an outcome seen, so a caller that stopped waiting (cancelled) leaves no 'never retrieved' noise."""
-    if not future.cancelled():
-        future.exception()
 
 
 class GuardedBackend:
@@ -441,6 +37,11 @@ class GuardedBackend:
         self.access = access
         self.name = access.backend.name
         self.aio = AsyncDevice(access)
+
+    @property
+    def injector(self) -> FaultInjector | None:
+        """The backend's fault injector: not a driver call, so it does not go through a lane."""
+        return self.access.backend.injector
 
     @property
     def raw(self) -> Backend:
@@ -565,3 +166,6 @@ class AsyncDevice:
 
 def _bind(fn: Callable[[int], T], index: int) -> Callable[[], T]:
     return lambda: fn(index)
+
+
+__all__ = ["AsyncDevice", "GuardedBackend"]

@@ -1,11 +1,16 @@
 """The Backend protocol: exactly what the daemon needs from a GPU driver, nothing more.
 
-Calls are synchronous and may block (a real driver can hang); the sampler puts a deadline on every one. Each
-per-device method is independent so that one stuck card never stalls calls for another.
+Calls are synchronous and may block (a real driver can hang); the device-access layer puts a deadline on every one.
+Each per-device method is independent so that one stuck card never stalls calls for another.
+
+Fault injection is an optional capability, not a kind of backend: ``Backend.injector`` is a :class:`FaultInjector`
+where the backend can inject faults (the simulated node) and None on real GPUs, so no caller needs to know which
+backend it holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from exporter.backends.types import (
@@ -23,11 +28,47 @@ from exporter.backends.types import (
 )
 
 
+class UnknownGpuError(ValueError):
+    """A fault was aimed at a card the node does not have."""
+
+    def __init__(self, gpu: int, count: int) -> None:
+        super().__init__(f"gpu {gpu} does not exist (this node has {count})")
+        self.gpu = gpu
+        self.count = count
+
+
+class FaultInjector(Protocol):
+    """Faults injected into a running node at run time, as the real faults would show through the driver.
+
+    Not a driver call: injecting changes the backend's state without waiting on any card (a hang fault blocks the
+    card's later calls, not the injection), so it may be called from any thread and from the event loop."""
+
+    @property
+    def kinds(self) -> Mapping[str, frozenset[str]]:
+        """Every fault kind, with the parameter names it accepts."""
+        ...
+
+    def inject(self, kind: str, gpu: int = 0, params: Mapping[str, str] | None = None) -> str:
+        """Apply one fault to card ``gpu``; returns a one-line description. Raises :class:`UnknownGpuError` for a card
+        the node does not have, ValueError for an unknown kind or a parameter the kind does not accept or allow."""
+        ...
+
+    def clear(self, gpu: int | None = None) -> str:
+        """Take back the lasting faults (lost card, hangs, links down, ...) on one card or, with None, on all; returns
+        a one-line description. Raises :class:`UnknownGpuError` for a card the node does not have."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Read side plus the few MIG writes the partition service needs."""
 
     name: str
+
+    @property
+    def injector(self) -> FaultInjector | None:
+        """Run-time fault injection where this backend offers it (the simulated node); None on real GPUs."""
+        ...
 
     def open(self) -> None:
         """Initialise the driver library. Raises DriverUnavailableError or VersionMismatchError."""

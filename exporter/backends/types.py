@@ -46,6 +46,46 @@ class ComputeMode(enum.IntEnum):
     EXCLUSIVE_PROCESS = 3
 
 
+class ClockEventReason(enum.IntFlag):
+    """Why the clocks are where they are: the bits of ``nvmlDeviceGetCurrentClocksEventReasons`` (nvml.h
+    ``nvmlClocksEventReason*``, called clocks *throttle* reasons before driver 535). ``DeviceSample`` keeps the raw
+    bits, so bits a newer driver adds pass through unnamed. A member's :attr:`label` is the ``reason`` label value
+    of ``xpu_gpu_clock_event_active``, which dashboards and alert rules match on: never rename one."""
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+
+    # The slowdowns: the card runs slower than its work asks because something is wrong with it or around it.
+    # nvml.h: HW slowdown cuts the core clocks by half or more (too hot, an external power brake, or power drawn so
+    # fast that fast-trigger protection steps in); HW thermal and HW power brake name the first two causes; SW
+    # thermal slowdown means the GPU or its memory is above its maximum operating temperature (cooling). All four
+    # want a person to look. Not slowdowns: SW power cap (how a busy card stays within its power limit, normal at
+    # full load), idle, sync boost, and application or display clock settings (configuration).
+    SLOWDOWN = HW_SLOWDOWN | SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN
+
+    @property
+    def label(self) -> str:
+        """``"hw_thermal_slowdown"``: the exported label value of a single reason."""
+        return self.name.lower() if self.name else str(int(self))
+
+    @classmethod
+    def active(cls, bits: int) -> tuple[ClockEventReason, ...]:
+        """The named reasons set in ``bits``, lowest bit first (iterating the class gives each single reason)."""
+        return tuple(reason for reason in cls if bits & reason)
+
+    @classmethod
+    def slowdowns(cls, bits: int) -> tuple[ClockEventReason, ...]:
+        """The slowdown reasons (:attr:`SLOWDOWN`) set in ``bits``, lowest bit first."""
+        return cls.active(bits & cls.SLOWDOWN)
+
+
 class EventKind(enum.StrEnum):
     XID = "xid"
     ECC_SINGLE_BIT = "ecc_sbe"
@@ -162,7 +202,7 @@ class DeviceSample:
     energy_joules: float | Unsupported  # counter since driver load
     sm_clock_mhz: int | Unsupported
     memory_clock_mhz: int | Unsupported
-    clock_event_reasons: int | Unsupported  # NVML clocks-event-reason bitmask
+    clock_event_reasons: int | Unsupported  # NVML clocks-event-reason bits, named by ClockEventReason
     performance_state: int | Unsupported  # 0 (P0) .. 15
     pcie_generation: int | Unsupported
     pcie_width: int | Unsupported

@@ -15,24 +15,19 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from exporter.backends.recovery import recovery_code
-from exporter.backends.types import UNSUPPORTED, ComputeMode, DeviceSample, LinkState, ProfilingMetric, Unsupported
+from exporter.backends.types import (
+    UNSUPPORTED,
+    ClockEventReason,
+    ComputeMode,
+    DeviceSample,
+    LinkState,
+    ProfilingMetric,
+    Unsupported,
+)
 from exporter.collectors.base import GPU_LABELS, gpu_label_values
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 MHZ = 1_000_000.0
-
-# NVML clocks-event-reason bits (nvmlClocksEventReason*), as label values
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +273,8 @@ def _modes(gpus: list[GpuSnapshot]) -> Iterator[Metric]:
     for gpu in gpus:
         s, values = _sample(gpu), gpu_label_values(gpu)
         if not isinstance(s.clock_event_reasons, Unsupported):
-            for bit, reason in CLOCK_EVENT_REASONS:
-                reasons.add_metric([*values, reason], 1.0 if s.clock_event_reasons & bit else 0.0)
+            for reason in ClockEventReason:
+                reasons.add_metric([*values, reason.label], 1.0 if s.clock_event_reasons & reason else 0.0)
         if not isinstance(s.compute_mode, Unsupported):
             for mode in ComputeMode:
                 compute.add_metric([*values, mode.name.lower()], 1.0 if s.compute_mode is mode else 0.0)

@@ -20,7 +20,8 @@ from typing import Any
 import structlog
 
 from exporter.backends.errors import BackendError
-from exporter.backends.guarded import CallTimeoutError, CardHungError, GuardedBackend, Pending
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import CallTimeoutError, CardHungError, Pending
 from exporter.backends.types import UNSUPPORTED
 from exporter.snapshot import Snapshot
 from exporter.topology.discover import GpuIdentity, read_topology

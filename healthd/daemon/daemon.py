@@ -108,10 +108,12 @@ class Daemon:
             admin_socket=config.admin_socket,
             admin_group=config.daemon.admin_group,
         )
-        # started in this order, stopped in reverse: the driver first and last, the API once there is data
-        # (attribution first: it starts the simulated node's files before the first sample is handed out)
-        self.components: list[Component] = [self.attribution, self.device, self.health, self.metrics, self.rpc]
+        # started in this order, stopped in reverse: the driver first and last; the gRPC sockets appear once every
+        # service behind them has started (and close first), so no caller meets a service that is not there yet.
+        # Attribution comes first: it starts the simulated node's files before the first sample is handed out.
+        self.components: list[Component] = [self.attribution, self.device, self.health, self.metrics]
         self.components += [p for p in parts if p not in self.components]
+        self.components.append(self.rpc)
 
     # ----- what the lifecycle (systemd) needs -------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import structlog
 
 from exporter.backends.errors import BackendError
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import structlog
 
-from exporter.backends.guarded import DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.health import CardState, NodeStatus, summarize
 from exporter.snapshot import Snapshot
 

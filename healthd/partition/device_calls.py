@@ -1,6 +1,6 @@
 """Driver calls of the partition manager: awaited through the device-access layer, errors made PartitionErrors.
 
-The calls themselves run on their card's lane (exporter/backends/guarded.py); nothing here runs a driver call or
+The calls themselves run on their card's lane (exporter/backends/lanes.py); nothing here runs a driver call or
 waits for one on a thread. A card that is hung answers at once with UNAVAILABLE naming the card and the stuck call.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from exporter.backends.errors import BackendError, InsufficientResourcesError, InUseError
-from exporter.backends.guarded import CallTimeoutError, CardHungError
+from exporter.backends.lanes import CallTimeoutError, CardHungError
 from exporter.backends.types import MigInstance, MigProfile
 from healthd.partition.errors import Kind, PartitionError, exhausted, not_found, unavailable
 from healthd.partition.model import MigPlacement

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from exporter.executor import SerialExecutor

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.backends.types import DeviceSample, Unsupported
+from exporter.backends.types import ClockEventReason, DeviceSample, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
@@ -16,7 +16,6 @@ from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 from healthd.settings import option
 
 CHECK = "pcie"
-CLOCKS_EVENT_GPU_IDLE = 0x01
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ def _busy(s: DeviceSample, threshold: float) -> bool:
     if not isinstance(s.gpu_utilization_ratio, Unsupported):
         return s.gpu_utilization_ratio >= threshold
     if not isinstance(s.clock_event_reasons, Unsupported):
-        return not s.clock_event_reasons & CLOCKS_EVENT_GPU_IDLE
+        return not s.clock_event_reasons & ClockEventReason.GPU_IDLE
     return False
 
 

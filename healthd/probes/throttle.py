@@ -1,8 +1,10 @@
-"""Hardware clock slowdown: thermal, power-brake or generic HW slowdown held over a window (a warning).
+"""Clock slowdown held over a window (a warning): HW slowdown, HW thermal, HW power brake or SW thermal.
 
-Each sample shows whether the slowdown reasons are active at that moment. GPUd's hw-slowdown component flags
->= 0.6 events per minute over 10 minutes (one check a minute), i.e. the reason active in 60% of checks; here the
-same share of samples in the window. Software power capping and idle clocks are normal and ignored.
+Each sample shows whether a slowdown reason (``ClockEventReason.SLOWDOWN``, the same set the status page shows) is
+active at that moment. GPUd's hw-slowdown component flags >= 0.6 events per minute over 10 minutes (one check a
+minute), i.e. the reason active in 60% of checks; here the same share of samples in the window. SW thermal
+slowdown (the GPU or its memory above its maximum operating temperature) counts too: GPUd flags that temperature
+on its own. Software power capping and idle clocks are normal and ignored.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from exporter.backends.types import Unsupported
+from exporter.backends.types import ClockEventReason, Unsupported
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Finding, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
@@ -18,12 +20,6 @@ from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 from healthd.settings import option
 
 CHECK = "clocks"
-
-# NVML clocks-event reasons (nvml.h nvmlClocksEventReason*)
-HW_SLOWDOWN = 0x08
-HW_THERMAL_SLOWDOWN = 0x40
-HW_POWER_BRAKE_SLOWDOWN = 0x80
-HW_REASONS = {HW_SLOWDOWN: "hw_slowdown", HW_THERMAL_SLOWDOWN: "hw_thermal", HW_POWER_BRAKE_SLOWDOWN: "hw_power_brake"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +63,26 @@ class ThrottleProbe:
                 history.popleft()
             findings: list[Finding] = []
             if len(history) >= t.min_samples:
-                hits = sum(1 for _, r in history if r & sum(HW_REASONS))
+                hits = sum(1 for _, r in history if r & ClockEventReason.SLOWDOWN)
                 ratio = hits / len(history)
                 if ratio >= t.active_ratio:
-                    active = sorted({name for _, r in history for bit, name in HW_REASONS.items() if r & bit})
+                    seen = 0
+                    for _, r in history:
+                        seen |= r
+                    active = [reason.label for reason in ClockEventReason.slowdowns(seen)]
                     findings.append(
                         Finding(
                             CHECK,
-                            "clocks_hw_slowdown",
+                            "clocks_hw_slowdown",  # the code predates SW thermal's inclusion; kept for consumers
                             Severity.WARNING,
                             Action.NONE,
-                            f"hardware clock slowdown ({', '.join(active)}) in {ratio:.0%} of samples over the last "
+                            f"clock slowdown ({', '.join(active)}) in {ratio:.0%} of samples over the last "
                             f"{t.window_seconds:g}s",
                             ref,
                             evidence(ratio=round(ratio, 3), reasons=",".join(active), samples=len(history)),
                         )
                     )
-            report.gpu_done(ref, findings, "no sustained hardware slowdown")
+            report.gpu_done(ref, findings, "no sustained clock slowdown")
         return report.build()
 
 

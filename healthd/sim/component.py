@@ -23,7 +23,7 @@ class SimulationComponent:
     name = "simulation"
 
     def __init__(self, backend: Backend) -> None:
-        self._service = Service(SERVICE_NAME, SimulationService(backend), add_simulation)
+        self._service = Service(SERVICE_NAME, SimulationService(backend.injector), add_simulation)
 
     def collectors(self) -> Sequence[Collector]:
         return ()

@@ -1,8 +1,9 @@
-"""gRPC Simulation service: inject faults into the simulated backend of a running daemon.
+"""gRPC Simulation service: inject faults into a running daemon whose backend offers fault injection.
 
-Every parameter is checked here before the backend sees it: known names only, numbers in ASCII digits within a
-range the simulated node can hold (an XID of 10**100 or a pid of "٣" never reaches the fault journal), names as
-Kubernetes would accept them, and a length cap on everything.
+The service holds the backend's FaultInjector capability (``Backend.injector``), or None on real GPUs, where every
+call answers FAILED_PRECONDITION. Every parameter is checked here before the injector sees it: known names only,
+numbers in ASCII digits within a range the simulated node can hold (an XID of 10**100 or a pid of "٣" never reaches
+the fault journal), names as Kubernetes would accept them, and a length cap on everything.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Any
 
 import grpc
 
-from exporter.backends.protocol import Backend
-from exporter.backends.simulated import FAULT_PARAMS, SimulatedBackend
+from exporter.backends.protocol import FaultInjector, UnknownGpuError
 from healthd.api.v1 import simulation_pb2 as pb
 from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 from healthd.rpc.errors import failed_precondition, from_invalid_field, invalid_argument, not_found
@@ -44,9 +44,9 @@ _RATIO = re.compile(r"[0-9]{1,3}(\.[0-9]{1,9})?|\.[0-9]{1,9}", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 
 
-def check_params(kind: str, params: Mapping[str, str]) -> dict[str, str]:
-    """The parameters of ``kind`` with every value checked; numbers come back in canonical ASCII form."""
-    accepted = FAULT_PARAMS[kind]
+def check_params(accepted: frozenset[str], kind: str, params: Mapping[str, str]) -> dict[str, str]:
+    """The parameters of ``kind`` (which accepts the names in ``accepted``) with every value checked; numbers come
+    back in canonical ASCII form."""
     if len(params) > MAX_PARAMS:
         raise InvalidField("params", f"at most {MAX_PARAMS} parameters, got {len(params)}")
     out: dict[str, str] = {}
@@ -75,47 +75,45 @@ def check_params(kind: str, params: Mapping[str, str]) -> dict[str, str]:
 
 
 class SimulationService(pb_grpc.SimulationServicer):
-    def __init__(self, backend: Backend) -> None:
-        self._sim = backend if isinstance(backend, SimulatedBackend) else None
+    def __init__(self, injector: FaultInjector | None) -> None:
+        self._injector = injector
 
-    def _require_sim(self) -> SimulatedBackend:
-        if self._sim is None:
+    def _require_injector(self) -> FaultInjector:
+        if self._injector is None:
             raise failed_precondition(
                 "NOT_SIMULATED", "this daemon runs on real GPUs; fault injection needs --simulate"
             )
-        return self._sim
-
-    def _check_gpu(self, sim: SimulatedBackend, gpu: int) -> None:
-        cards = len(sim.scenario.cards)
-        if gpu >= cards:
-            raise not_found("gpu", str(gpu), f"gpu {gpu} does not exist (this node has {cards})")
+        return self._injector
 
     async def InjectFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        sim = self._require_sim()
+        injector = self._require_injector()
+        kinds = injector.kinds
         try:
             kind = check_ascii_token(request.kind, "kind", max_chars=MAX_KIND_CHARS, required=True)
-            if kind not in FAULT_PARAMS:
-                known = ", ".join(sorted(FAULT_PARAMS))
-                raise InvalidField("kind", f"unknown fault kind {quote(kind)}; known: {known}")
-            params = check_params(kind, request.params)
+            if kind not in kinds:
+                raise InvalidField("kind", f"unknown fault kind {quote(kind)}; known: {', '.join(sorted(kinds))}")
+            params = check_params(kinds[kind], kind, request.params)
         except InvalidField as exc:
             raise from_invalid_field(exc) from None
-        self._check_gpu(sim, request.gpu)
         try:
-            description = sim.inject(kind, request.gpu, params)
-        except ValueError as exc:  # the backend's own rules (a link that does not exist, a pid not running, ...)
+            description = injector.inject(kind, request.gpu, params)
+        except UnknownGpuError as exc:
+            raise not_found("gpu", str(request.gpu), str(exc)) from None
+        except ValueError as exc:  # the injector's own rules (a link that does not exist, a pid not running, ...)
             raise invalid_argument("params", str(exc)) from None
         return pb.InjectFaultResponse(description=description)
 
     async def ClearFaults(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        sim = self._require_sim()
+        injector = self._require_injector()
         gpu = request.gpu if request.HasField("gpu") else None
-        if gpu is not None:
-            self._check_gpu(sim, gpu)
-        return pb.ClearFaultsResponse(description=sim.clear(gpu))
+        try:
+            description = injector.clear(gpu)
+        except UnknownGpuError as exc:
+            raise not_found("gpu", str(gpu), str(exc)) from None
+        return pb.ClearFaultsResponse(description=description)
 
     async def ListFaultKinds(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._require_sim()
+        kinds = self._require_injector().kinds
         return pb.ListFaultKindsResponse(
-            kinds=[pb.FaultKind(kind=k, params=sorted(v)) for k, v in sorted(FAULT_PARAMS.items())]
+            kinds=[pb.FaultKind(kind=k, params=sorted(v)) for k, v in sorted(kinds.items())]
         )

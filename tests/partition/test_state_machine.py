@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc

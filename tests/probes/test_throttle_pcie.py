@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from exporter.backends.types import ClockEventReason
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Severity
 from healthd.probes.pcie import PcieProbe
-from healthd.probes.throttle import HW_THERMAL_SLOWDOWN, ThrottleProbe
+from healthd.probes.throttle import ThrottleProbe
 from tests.probes.conftest import Node, codes, only, status
 
 
@@ -26,19 +27,20 @@ def test_sustained_thermal_slowdown_warns(h200x8: Node) -> None:
     for i in range(10):
         throttled = i % 5 != 0  # 80% of samples
         snap = h200x8.tick(60)
-        snap = _with(snap, 2, clock_event_reasons=HW_THERMAL_SLOWDOWN) if throttled else snap
+        snap = _with(snap, 2, clock_event_reasons=ClockEventReason.HW_THERMAL_SLOWDOWN) if throttled else snap
         report = probe.evaluate(snap, h200x8.clock())
     assert report is not None
     f = only(report, "clocks_hw_slowdown")
     assert (f.gpu.index if f.gpu else None, f.severity, f.action) == (2, Severity.WARNING, Action.NONE)
-    assert f.evidence["reasons"] == "hw_thermal"
+    assert f.evidence["reasons"] == "hw_thermal_slowdown"  # the label xpu_gpu_clock_event_active exports
 
 
 def test_occasional_slowdown_and_software_power_cap_do_not_warn(h200x8: Node) -> None:
     probe = ThrottleProbe()
     for i in range(10):
         snap = h200x8.tick(60)
-        snap = _with(snap, 2, clock_event_reasons=HW_THERMAL_SLOWDOWN if i % 3 == 0 else 0x04)  # 40% HW, rest SW cap
+        reasons = ClockEventReason.HW_THERMAL_SLOWDOWN if i % 3 == 0 else ClockEventReason.SW_POWER_CAP  # 40% HW
+        snap = _with(snap, 2, clock_event_reasons=reasons)
         report = probe.evaluate(snap, h200x8.clock())
         assert codes(report) == set()
 

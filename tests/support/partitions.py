@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporter.backends.guarded import DeadlineSettings, DeviceAccess, GuardedBackend
+from exporter.backends.guarded import GuardedBackend
+from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
 from healthd.host import HostSettings, choose_host
 from healthd.partition.settings import PartitionSettings
