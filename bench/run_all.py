@@ -42,6 +42,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("bench.fault_latency_bench", "XID -> WatchFaults subscriber and -> hook latency"),
     ("bench.partition_bench", "partition create/delete latency over gRPC"),
     ("bench.attribution_bench", "/metrics with and without process and pod attribution"),
+    ("bench.scrape_bench", "the daemon's /metrics: scrape p50/p99, CPU, series per card/process/pod"),
 )
 
 
