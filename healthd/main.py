@@ -18,6 +18,7 @@ from exporter.backends.select import choose_backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
+from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.status_page import render_status_page
@@ -156,12 +157,17 @@ class Daemon:
             *([self.partitions.collector] if self.partitions else []),
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
+        # /metrics is rendered once per Snapshot (after the probes and attribution subscribed above have seen it)
+        self.exposition = ExpositionCache(
+            self.registry, max_age=max(2 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
+        )
+        self.sampler.subscribe(self.exposition.publish)
         # health checks, faults and partitions on the status page
         self.status_providers = status_providers(self.faults, self.partitions.manager if self.partitions else None)
         stale_after = max(3 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
         self.http = MetricsHTTPServer(
             parse_listen_address(config.metrics_listen),
-            self.registry,
+            self.exposition,
             health=lambda: snapshot_health(self.sampler, stale_after),
             landing=self.status_page,
             web_config=load_metrics_web_config(config.transport),
