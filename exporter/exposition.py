@@ -1,11 +1,15 @@
 """/metrics made once per sampling cycle, so a scrape serves bytes instead of running every collector and encoder.
 
-``publish`` (a sampler subscriber) collects the registry once for the new Snapshot and encodes, with
-prometheus_client's own encoders, the formats scrapers asked for in the last ``HOT_SECONDS`` (text 0.0.4,
-OpenMetrics 1.0.0, ...), each gzip-compressed when it was asked for with gzip. Anything else (a format or encoding
-asked for the first time, ``name[]`` selections) is made on the first scrape that asks and kept until the next
-Snapshot. So every body is encoded and compressed at most once per Snapshot, and nothing is rendered while no one
-scrapes.
+``publish`` (a sampler subscriber) collects the registry for the new Snapshot and encodes the formats that scrapers
+will ask for before the next Snapshot: each format asked for is tracked with the time of its last request and the
+time between requests, so with Prometheus scraping every 15 s and a 5 s sampling interval one Snapshot in three is
+rendered, right before the scrape that reads it. Each body is encoded, and gzip-compressed when it was asked for
+with gzip, at most once per Snapshot. A request nothing predicted (a format asked for the first time, a scraper
+off its rhythm, ``name[]`` selections) is rendered on its own thread, then kept until the next Snapshot. While no one
+scrapes, nothing is rendered.
+
+Text 0.0.4 and OpenMetrics 1.0.0 go through exporter/encoding.py (prometheus_client's bytes, faster); any other
+format the Accept header asks for through prometheus_client's own encoder.
 
 Values are those of the last render: collectors whose data changes between Snapshots (faults, partitions,
 attribution) lag by at most one sampling interval. When no Snapshot came for ``max_age`` (the sampler is late or
@@ -26,11 +30,16 @@ import structlog
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
+from exporter.encoding import CachingEncoder
+
 log = structlog.get_logger("exposition")
 
-HOT_SECONDS = 120.0  # a format asked for within this long is encoded at every publish (covers 2-minute scrapes)
+HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its periods) is forgotten
 MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape
 GZIP_LEVEL = 5
+PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
+EARLY_SECONDS = 1.0  # a request may come this early (at most a tenth of its period) and still find its body ready
+BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 
 Encoder = Callable[["_Families"], bytes]
 
@@ -112,15 +121,50 @@ class _Exposition:
 
 @dataclass
 class _Asked:
+    """One format scrapers ask for: when they last did, and how often they do."""
+
     encoder: Encoder
-    at: float  # monotonic time of the last scrape that asked for it
+    last: float  # monotonic time of the last request
+    period: float | None = None  # smoothed time between requests; None until the second one
+
+    def seen(self, now: float) -> None:
+        gap = now - self.last
+        if gap >= BURST_GAP:
+            self.period = gap if self.period is None else self.period + PERIOD_SMOOTHING * (gap - self.period)
+        self.last = now
+
+    def expected_by(self, horizon: float) -> bool:
+        """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot."""
+        if self.period is None:
+            return False  # one request so far: no rhythm yet
+        return self.last + self.period - min(EARLY_SECONDS, 0.1 * self.period) < horizon
+
+    def forgotten(self, now: float) -> bool:
+        return now - self.last > max(HOT_SECONDS, 3 * (self.period or 0.0))
+
+
+def fast_encoders() -> dict[str, Encoder]:
+    """Content type -> this module's encoder, for the formats exporter/encoding.py writes exactly as prometheus_client
+    does (text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 with the default underscores escaping)."""
+    text_fallback, text_type = choose_encoder("")
+    om_fallback, om_type = choose_encoder("application/openmetrics-text;version=1.0.0")
+    text = CachingEncoder(openmetrics=False, fallback=text_fallback)
+    om = CachingEncoder(openmetrics=True, fallback=om_fallback)
+    return {
+        text_type: text,
+        choose_encoder("text/plain;version=1.0.0")[1]: text,
+        om_type: om,
+        choose_encoder("application/openmetrics-text")[1]: om,
+    }
 
 
 class ExpositionCache:
     """Renders a registry once per Snapshot and answers scrapes from the result.
 
-    ``max_age``: a render older than this is redone by the next scrape (0: every scrape renders, for a registry
-    nothing publishes). Give it about two sampling intervals.
+    ``interval``: seconds between Snapshots; ``publish`` renders a format when a request for it is expected within
+    that long (None: at every publish, for every format asked for recently). ``max_age``: a render older than this is
+    redone by the next scrape (0: every scrape renders, for a registry nothing publishes); give it about two
+    sampling intervals.
     """
 
     def __init__(
@@ -128,11 +172,14 @@ class ExpositionCache:
         registry: Collectable,
         *,
         max_age: float,
+        interval: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._registry = registry
         self._max_age = max_age
+        self._interval = interval
         self._monotonic = monotonic
+        self._fast = fast_encoders()
         self._lock = threading.Lock()  # guards the fields below
         self._current: _Exposition | None = None
         self._outdated = True  # a Snapshot came that _current does not show
@@ -144,13 +191,14 @@ class ExpositionCache:
     def publish(self, snapshot: object | None = None) -> None:
         """A new Snapshot: render the formats scrapers use now (sampler subscriber; takes a few ms)."""
         now = self._monotonic()
+        horizon = now + self._interval if self._interval is not None else None
         with self._lock:
-            hot = {key: a.encoder for key, a in self._asked.items() if now - a.at <= HOT_SECONDS}
-            for key in [k for k in self._asked if k not in hot]:
+            for key in [k for k, a in self._asked.items() if a.forgotten(now)]:
                 del self._asked[key]
+            hot = {key: a.encoder for key, a in self._asked.items() if horizon is None or a.expected_by(horizon)}
             self._outdated = True
         if not hot:
-            return  # no one scrapes: the first scrape renders
+            return  # no request expected before the next Snapshot: a request that comes anyway renders
         with self._render_lock:
             exposition = self._render(getattr(snapshot, "seq", None))
             for (content_type, compress), encoder in hot.items():
@@ -163,17 +211,21 @@ class ExpositionCache:
     def payload(self, accept: str, accept_encoding: str = "", names: Sequence[str] | None = None) -> Payload:
         """The body for one scrape: ``accept``/``accept_encoding`` are the request's headers, ``names`` its
         ``name[]`` parameters."""
-        encoder, content_type = choose_encoder(accept)
+        chosen, content_type = choose_encoder(accept)
+        encoder: Encoder = self._fast.get(content_type, chosen)
         compress = accepts_gzip(accept_encoding)
         encoding = "gzip" if compress else None
         exposition = self._fresh()
-        if names:
-            body = encoder(exposition.families.restricted(set(names)))
+        if names:  # rare: prometheus_client's encoder, leaving the fast encoders' line caches to the full renders
+            body = chosen(exposition.families.restricted(set(names)))
             return Payload(content_type, gzip.compress(body, GZIP_LEVEL, mtime=0) if compress else body, encoding)
         key = (content_type, compress)
         with self._lock:
-            keep = key in self._asked or len(self._asked) < MAX_FORMATS
-            if keep:
+            asked = self._asked.get(key)
+            keep = asked is not None or len(self._asked) < MAX_FORMATS
+            if asked is not None:
+                asked.seen(self._monotonic())
+            elif keep:
                 self._asked[key] = _Asked(encoder, self._monotonic())
         if not keep and not exposition.has(content_type, compress):
             body = encoder(exposition.families)

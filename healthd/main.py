@@ -159,7 +159,9 @@ class Daemon:
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
         # /metrics is rendered once per Snapshot (after the probes and attribution subscribed above have seen it)
         self.exposition = ExpositionCache(
-            self.registry, max_age=max(2 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds)
+            self.registry,
+            interval=s.interval_seconds,
+            max_age=max(2 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds),
         )
         self.sampler.subscribe(self.exposition.publish)
         # health checks, faults and partitions on the status page
