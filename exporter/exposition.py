@@ -94,10 +94,9 @@ class _Families:
 class _Exposition:
     """One render: the collected families and the bodies made from them, each made once."""
 
-    def __init__(self, families: _Families, made_at: float, seq: int | None) -> None:
+    def __init__(self, families: _Families, made_at: float) -> None:
         self.families = families
         self.made_at = made_at
-        self.seq = seq  # the Snapshot it was made for (None: made on a scrape)
         self._bodies: dict[tuple[str, bool], bytes] = {}
         self._lock = threading.Lock()
 
@@ -133,11 +132,14 @@ class _Asked:
             self.period = gap if self.period is None else self.period + PERIOD_SMOOTHING * (gap - self.period)
         self.last = now
 
-    def expected_by(self, horizon: float) -> bool:
-        """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot."""
+    def expected(self, now: float, horizon: float) -> bool:
+        """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot.
+        A request overdue by more than a period (at least a second) is no longer expected: the scraper stopped, or
+        was a burst (a person polling), and a render for it would be wasted."""
         if self.period is None:
             return False  # one request so far: no rhythm yet
-        return self.last + self.period - min(EARLY_SECONDS, 0.1 * self.period) < horizon
+        due = self.last + self.period
+        return due - min(EARLY_SECONDS, 0.1 * self.period) < horizon and now <= due + max(1.0, self.period)
 
     def forgotten(self, now: float) -> bool:
         return now - self.last > max(HOT_SECONDS, 3 * (self.period or 0.0))
@@ -189,18 +191,19 @@ class ExpositionCache:
     # ----- the sampler side --------------------------------------------------------------------------------
 
     def publish(self, snapshot: object | None = None) -> None:
-        """A new Snapshot: render the formats scrapers use now (sampler subscriber; takes a few ms)."""
+        """A new Snapshot (a sampler subscriber: the collectors read the latest one themselves): render the formats
+        a request is expected for before the next one. Takes a few ms to tens of ms, on the caller's thread."""
         now = self._monotonic()
         horizon = now + self._interval if self._interval is not None else None
         with self._lock:
             for key in [k for k, a in self._asked.items() if a.forgotten(now)]:
                 del self._asked[key]
-            hot = {key: a.encoder for key, a in self._asked.items() if horizon is None or a.expected_by(horizon)}
+            hot = {key: a.encoder for key, a in self._asked.items() if horizon is None or a.expected(now, horizon)}
             self._outdated = True
         if not hot:
             return  # no request expected before the next Snapshot: a request that comes anyway renders
         with self._render_lock:
-            exposition = self._render(getattr(snapshot, "seq", None))
+            exposition = self._render()
             for (content_type, compress), encoder in hot.items():
                 exposition.body(encoder, content_type, compress)
             with self._lock:
@@ -232,11 +235,6 @@ class ExpositionCache:
             return Payload(content_type, gzip.compress(body, GZIP_LEVEL, mtime=0) if compress else body, encoding)
         return Payload(content_type, exposition.body(encoder, content_type, compress), encoding)
 
-    def latest_seq(self) -> int | None:
-        """The Snapshot sequence number the served render was made for (None: none yet, or made on a scrape)."""
-        with self._lock:
-            return None if self._current is None else self._current.seq
-
     def _fresh(self) -> _Exposition:
         """The render to serve; renders on this thread when there is none, it is outdated (no one was scraping
         when the last Snapshot came) or older than max_age. While another thread renders, the last one serves."""
@@ -252,13 +250,13 @@ class ExpositionCache:
             with self._lock:  # another scrape may have rendered while this one waited
                 if self._current is not None and self._current is not current and not self._outdated:
                     return self._current
-            exposition = self._render(None)
+            exposition = self._render()
             with self._lock:
                 self._current, self._outdated = exposition, False
             return exposition
         finally:
             self._render_lock.release()
 
-    def _render(self, seq: int | None) -> _Exposition:
+    def _render(self) -> _Exposition:
         made_at = self._monotonic()
-        return _Exposition(_Families(list(self._registry.collect())), made_at, seq)
+        return _Exposition(_Families(list(self._registry.collect())), made_at)

@@ -170,6 +170,29 @@ def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
     assert rendered_at_publish == [30, 45, 60, 75, 90, 105, 120], "then only the Snapshot before each scrape"
 
 
+def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(counting: CountingCollector, mono: Clock) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(counting)
+    cache = ExpositionCache(registry, max_age=10.0, interval=5.0, monotonic=mono)
+    for _ in range(5):  # a person polling with curl
+        mono.now += 0.3
+        cache.payload(TEXT)
+    calls = counting.calls
+    mono.now += 5.0
+    cache.publish()
+    assert counting.calls == calls, "a burst is no rhythm to render for"
+    for _ in range(3):  # a scraper every 15 s, then gone
+        mono.now += 15.0
+        cache.payload(OPENMETRICS, "gzip")
+    renders = []
+    for t in range(5, 100, 5):
+        calls = counting.calls
+        mono.now += 5.0
+        cache.publish()
+        renders += [t] if counting.calls > calls else []
+    assert renders and max(renders) <= 30, f"rendered for a scraper gone for {max(renders)} s"
+
+
 def test_a_stopped_sampler_does_not_freeze_the_values(
     server: MetricsHTTPServer, cache: ExpositionCache, counting: CountingCollector, mono: Clock
 ) -> None:
