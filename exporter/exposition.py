@@ -38,7 +38,6 @@ HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its peri
 MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape
 GZIP_LEVEL = 5
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
-EARLY_SECONDS = 1.0  # a request may come this early (at most a tenth of its period) and still find its body ready
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 
 Encoder = Callable[["_Families"], bytes]
@@ -134,12 +133,15 @@ class _Asked:
 
     def expected(self, now: float, horizon: float) -> bool:
         """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot.
-        A request overdue by more than a period (at least a second) is no longer expected: the scraper stopped, or
-        was a burst (a person polling), and a render for it would be wasted."""
+
+        No allowance for a request that comes early: with the scraper a little after a Snapshot (its usual phase
+        repeats, both run on fixed rhythms), an allowance would render the Snapshot before as well, every time; a
+        request that does come early is rendered on its own thread. A request overdue by more than a period (at
+        least a second) is no longer expected: the scraper stopped, or was a burst (a person polling)."""
         if self.period is None:
             return False  # one request so far: no rhythm yet
         due = self.last + self.period
-        return due - min(EARLY_SECONDS, 0.1 * self.period) < horizon and now <= due + max(1.0, self.period)
+        return due < horizon and now <= due + max(1.0, self.period)
 
     def forgotten(self, now: float) -> bool:
         return now - self.last > max(HOT_SECONDS, 3 * (self.period or 0.0))

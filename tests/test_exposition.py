@@ -146,27 +146,30 @@ def test_publish_renders_the_formats_scrapers_asked_for_and_nothing_when_no_one_
     assert counting.calls == 2, "the scraper went away: publishing stops rendering"
 
 
+@pytest.mark.parametrize("phase", [0.3, 2.0, 4.7])
 def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
-    counting: CountingCollector, mono: Clock
+    counting: CountingCollector, mono: Clock, phase: float
 ) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(counting)
     cache = ExpositionCache(registry, max_age=10.0, interval=5.0, monotonic=mono)
     rendered_at_publish, rendered_at_scrape = [], []
-    for t in range(121):  # Snapshots every 5 s; Prometheus scrapes every 15 s, 2 s after a Snapshot
+    for tick in range(1210):  # Snapshots every 5 s; Prometheus scrapes every 15 s, `phase` s after a Snapshot
+        t = tick / 10
         mono.now = 1000.0 + t
         calls = counting.calls
-        if t % 5 == 0:
-            counting.value = float(t)
+        if tick % 50 == 0:
+            counting.value = t
             cache.publish()
             if counting.calls > calls:
                 rendered_at_publish.append(t)
-        if t % 15 == 2:
+        if tick % 150 == round(phase * 10):
             body = gzip.decompress(cache.payload(OPENMETRICS, "gzip").body)
             if counting.calls > calls:
                 rendered_at_scrape.append(t)
-            assert f'xpu_test_events_total{{what="x"}} {3 * (t - 2):.1f}'.encode() in body, "the latest Snapshot"
-    assert rendered_at_scrape == [2, 17], "until the scraper's rhythm is known, its request renders"
+            latest = 3 * (t - phase)
+            assert f'xpu_test_events_total{{what="x"}} {latest:.1f}'.encode() in body, "the latest Snapshot"
+    assert rendered_at_scrape == [phase, 15 + phase], "until the scraper's rhythm is known, its request renders"
     assert rendered_at_publish == [30, 45, 60, 75, 90, 105, 120], "then only the Snapshot before each scrape"
 
 
