@@ -20,8 +20,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
+import structlog
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
+
+log = structlog.get_logger("encoding")
 
 LEGACY_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LEGACY_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -81,6 +84,9 @@ class CachingEncoder:
             try:
                 return self._encode(families)
             except _Unhandled:
+                self._lines, self._headers = {}, {}
+            except Exception:  # a bug here must not cost the scrape: prometheus_client's encoder still can
+                log.exception("caching encoder failed; encoding with prometheus_client's")
                 self._lines, self._headers = {}, {}
         return self._fallback(_Replay(families))
 

@@ -26,13 +26,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import structlog
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from exporter.encoding import CachingEncoder
-
-log = structlog.get_logger("exposition")
 
 HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its periods) is forgotten
 MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape

@@ -138,3 +138,17 @@ def test_a_render_reuses_the_lines_of_unchanged_series(openmetrics: bool) -> Non
     source.families = [again]
     second = encoder(registry)
     assert first.replace(b'{i="0"} 1.0', b'{i="0"} 2.0') == second
+
+
+def test_a_bug_in_the_encoder_costs_no_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = Families()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(source)
+    source.families = [GaugeMetricFamily("xpu_test_value", "A value.", value=3.0)]
+    encoder = CachingEncoder(openmetrics=True, fallback=om_latest)
+
+    def broken(self: CachingEncoder, families: list[Metric]) -> bytes:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(CachingEncoder, "_encode", broken)
+    assert encoder(registry) == om_latest(registry)
