@@ -3,9 +3,10 @@
 Everything is real except the GPUs: a simulated node (``bench.scenarios.scaled``) carrying extra processes in pods
 of about 4 (each pod's processes on one whole card, spread so cards are shared; MIG cards carry none), the
 simulated node's proc tree and kubelet log directory as files (on /dev/shm where there is one), and a real gRPC
-pod-resources server. Renders go
-through prometheus_client's text encoder, as a scrape does. Also measures the per-cycle attribution cost, which
-runs on the sampler thread, not in the scrape, and the kubelet pod-resources refresh (a background thread).
+pod-resources server. Renders go through prometheus_client's text encoder, as every scrape did before /metrics was
+rendered once per Snapshot through exporter/encoding.py (bench/metrics_bench.py and bench/scrape_bench.py measure
+that path). Also measures the per-cycle attribution cost, which runs on the sampler thread, not in the scrape, and
+the kubelet pod-resources refresh (a background thread).
 
     python3 bench/attribution_bench.py [--renders 300] [--gpus 8] [--pods 100] [--processes 400]
     python3 -m bench --only attribution    # every GPU count of the suite, with and without processes and pods

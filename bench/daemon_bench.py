@@ -71,6 +71,7 @@ class DaemonRun:
     root: Path
     interval: float | None = None  # None: the default (5 s), no config file
     real: bool = False  # real NVML: a config file is given, so the daemon cannot fall back to a simulation
+    scenario: str | None = None  # --simulate this (a built-in name or a file) instead of a generated scaled node
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     cpu_ready: float = 0.0
@@ -92,7 +93,9 @@ class DaemonRun:
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         args = [sys.executable, "-m", "healthd"]
-        if not self.real:
+        if self.scenario is not None:
+            args += ["--simulate", self.scenario]
+        elif not self.real:
             scenario = write_scenario(self.root / "scenario.toml", self.gpus, self.processes_per_gpu)
             args += ["--simulate", str(scenario)]
         if self.real or self.interval is not None:

@@ -737,6 +737,11 @@ def node() -> dict[str, Any]:
     )
 
 
+def with_gpu(expr: str) -> str:
+    """Process and pod series name their card by uuid only: take its index from xpu_gpu_info."""
+    return f"{expr} * on (instance, uuid) group_left (gpu) xpu_gpu_info"
+
+
 def workloads() -> dict[str, Any]:
     ns = var_query(
         "namespace", "Namespace", 'label_values(xpu_pod_gpu_memory_used_bytes{instance=~"$node"}, namespace)'
@@ -750,7 +755,7 @@ def workloads() -> dict[str, Any]:
         Panel(
             "table",
             "GPUs allocated to pods",
-            [table(f"xpu_pod_gpu_allocated{{{sel}}}")],
+            [table(with_gpu(f"xpu_pod_gpu_allocated{{{sel}}}"))],
             w=24,
             h=7,
             description="Devices kubelet allocated (pod-resources API).",
@@ -768,7 +773,7 @@ def workloads() -> dict[str, Any]:
             "SM share by pod",
             [
                 t(
-                    f"sum by (namespace, pod, gpu) (xpu_pod_sm_utilization_ratio{{{sel}}})",
+                    f"sum by (namespace, pod, gpu) ({with_gpu(f'xpu_pod_sm_utilization_ratio{{{sel}}}')})",
                     "{{namespace}}/{{pod}} GPU {{gpu}}",
                 )
             ],
@@ -788,18 +793,24 @@ def workloads() -> dict[str, Any]:
             min=0,
         ),
         row("Processes"),
-        Panel("table", "Processes on GPUs", [table(f"xpu_process_gpu_memory_used_bytes{{{sel}}}")], unit="bytes", w=24),
+        Panel(
+            "table",
+            "Processes on GPUs",
+            [table(with_gpu(f"xpu_process_gpu_memory_used_bytes{{{sel}}}"))],
+            unit="bytes",
+            w=24,
+        ),
         Panel(
             "timeseries",
             "GPU memory by process",
-            [t(f"xpu_process_gpu_memory_used_bytes{{{sel}}}", "{{process}} ({{pid}}) GPU {{gpu}}")],
+            [t(with_gpu(f"xpu_process_gpu_memory_used_bytes{{{sel}}}"), "{{process}} ({{pid}}) GPU {{gpu}}")],
             unit="bytes",
             min=0,
         ),
         Panel(
             "timeseries",
             "SM share by process",
-            [t(f"xpu_process_sm_utilization_ratio{{{sel}}}", "{{process}} ({{pid}}) GPU {{gpu}}")],
+            [t(with_gpu(f"xpu_process_sm_utilization_ratio{{{sel}}}"), "{{process}} ({{pid}}) GPU {{gpu}}")],
             unit="percentunit",
             min=0,
         ),

@@ -1,11 +1,11 @@
 """The HTTP endpoint: /metrics, /healthz and a landing page, on a small threaded server.
 
-A scrape only renders the latest Snapshot, so it answers at once even while a card's driver call is hung.
+/metrics serves what the exposition cache rendered from the latest Snapshot (exporter/exposition.py), so a scrape
+answers at once, never calls the driver, and costs the same however often it comes.
 """
 
 from __future__ import annotations
 
-import gzip
 import socket
 import ssl
 import sys
@@ -18,9 +18,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
 
+from exporter.exposition import Collectable, ExpositionCache
 from exporter.webconfig import BasicAuthenticator, WebConfig
 
 log = structlog.get_logger("http")
@@ -97,15 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", b"internal error\n")
 
     def _metrics(self, query: dict[str, list[str]]) -> None:
-        names = query.get("name[]")
-        registry = self.server.registry
-        source = registry.restricted_registry(names) if names else registry
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        body = encoder(source)
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
-            self._send(HTTPStatus.OK, content_type, gzip.compress(body, compresslevel=5), encoding="gzip")
-        else:
-            self._send(HTTPStatus.OK, content_type, body)
+        payload = self.server.exposition.payload(
+            self.headers.get("Accept", ""), self.headers.get("Accept-Encoding", ""), query.get("name[]")
+        )
+        self._send(HTTPStatus.OK, payload.content_type, payload.body, encoding=payload.encoding)
 
     def _unauthorized(self) -> None:
         self._send(
@@ -169,7 +163,7 @@ class MetricsHTTPServer(ThreadingHTTPServer):
     def __init__(
         self,
         address: tuple[str, int],
-        registry: CollectorRegistry,
+        metrics: ExpositionCache | Collectable,
         health: Callable[[], Health],
         landing: Callable[[], str] = lambda: LANDING,
         web_config: WebConfig | None = None,
@@ -184,7 +178,8 @@ class MetricsHTTPServer(ThreadingHTTPServer):
             error = BindError(f"cannot listen on {shown}: {exc.strerror or exc}")
             error.errno = exc.errno
             raise error from None
-        self.registry = registry
+        # a bare registry (nothing publishes Snapshots to it) is rendered on every scrape, as it always was
+        self.exposition = metrics if isinstance(metrics, ExpositionCache) else ExpositionCache(metrics, max_age=0.0)
         self.health = health
         self.landing = landing
         self._thread: threading.Thread | None = None

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="h200x8",
         metavar="SCENARIO",
-        help="run on a simulated node: h200x8 (default), h200x1, or a scenario file",
+        help="run on a simulated node: h200x8 (default), h200x8-busy (400 processes in 100 pods), h200x1, "
+        "or a scenario file",
     )
     p.add_argument("--metrics-listen", metavar="ADDR", help="HTTP address for /metrics (default :9410)")
     p.add_argument(

@@ -70,6 +70,10 @@ class Node:
         self.sim.sync(snapshot)
         self.attributor.update(snapshot)
 
+    def uuid(self, gpu: int) -> str:
+        """Process and pod series name their card by uuid only (its index is on xpu_gpu_info)."""
+        return self.backend.scenario.cards[gpu].uuid
+
     def cycle(self) -> Series:
         self.sampler.run_once()  # sim.sync writes new pids, kubelet server sees them
         assert self.sampler.wait_subscribers()
@@ -98,14 +102,14 @@ def test_process_and_pod_series_match_the_simulated_pods(node: Node) -> None:
         118784 * 2**20
     )
     # the shared card: each pod gets only its own process's numbers
-    triton = one(s, "xpu_pod_gpu_memory_used_bytes", pod="triton-0", gpu="4")
-    vllm = one(s, "xpu_pod_gpu_memory_used_bytes", pod="vllm-chat-0", gpu="4")
+    triton = one(s, "xpu_pod_gpu_memory_used_bytes", pod="triton-0", uuid=node.uuid(4))
+    vllm = one(s, "xpu_pod_gpu_memory_used_bytes", pod="vllm-chat-0", uuid=node.uuid(4))
     assert (triton, vllm) == (40960 * 2**20, 65536 * 2**20)
     assert one(s, "xpu_pod_sm_utilization_ratio", pod="triton-0") == one(
         s, "xpu_process_sm_utilization_ratio", pid="52010"
     )
     # allocations as kubelet reports them, with the shared replicas' ::N suffix, joinable by uuid
-    allocated = pick(s, "xpu_pod_gpu_allocated", gpu="4")
+    allocated = pick(s, "xpu_pod_gpu_allocated", uuid=node.uuid(4))
     assert {dict(k)["device_id"].rsplit("::", 1)[1] for k in allocated} == {"0", "1"}
     uuid4 = node.backend.scenario.cards[4].uuid
     assert all(dict(k)["uuid"] == uuid4 for k in allocated)
@@ -120,6 +124,21 @@ def test_process_and_pod_series_match_the_simulated_pods(node: Node) -> None:
     assert one(s, "xpu_kubelet_allocatable_devices", resource="nvidia.com/gpu") == 8.0
 
 
+def test_series_name_their_card_by_uuid_only_and_leave_empty_optional_labels_out(node: Node) -> None:
+    s = node.cycle()
+    for name in ("xpu_process_gpu_memory_used_bytes", "xpu_process_sm_utilization_ratio"):
+        series = [dict(k) for k in pick(s, name)]
+        assert len(series) == 8
+        assert all("gpu" not in labels and labels["uuid"].startswith("GPU-") for labels in series)
+        assert all({"pid", "process", "namespace", "pod", "container"} <= set(labels) for labels in series)
+        assert [labels["gpu_instance_id"] for labels in series if "gpu_instance_id" in labels] == ["1"]
+        assert not [labels for labels in series if "slurm_job" in labels]
+    for name in ("xpu_pod_gpu_memory_used_bytes", "xpu_pod_gpu_processes", "xpu_pod_gpu_allocated"):
+        series = [dict(k) for k in pick(s, name)]
+        assert series and all("gpu" not in labels for labels in series)
+        assert sorted(labels["pod"] for labels in series if "gpu_instance_id" in labels) == ["jupyter-alice"]
+
+
 def test_injected_process_gets_its_pod_and_vanishes_when_it_exits(node: Node) -> None:
     node.backend.inject(
         "process_start",
@@ -131,7 +150,7 @@ def test_injected_process_gets_its_pod_and_vanishes_when_it_exits(node: Node) ->
     # GPU 5 is now shared: both pods hold a replica, each sees only its own process
     assert one(s, "xpu_pod_gpu_memory_used_bytes", pod="ft-job-0") == 1024 * 2**20
     assert one(s, "xpu_pod_gpu_memory_used_bytes", pod="vllm-code-0") == 98304 * 2**20
-    assert len(pick(s, "xpu_pod_gpu_allocated", gpu="5")) == 2
+    assert len(pick(s, "xpu_pod_gpu_allocated", uuid=node.uuid(5))) == 2
     node.backend.inject("process_exit", 5, {"pid": "70001"})
     s = node.cycle()
     assert pick(s, "xpu_process_gpu_memory_used_bytes", pid="70001") == {}
@@ -146,7 +165,7 @@ def test_shared_card_without_log_index_is_left_unknown_not_guessed(node: Node, t
     # GPU 4 is shared by two pods: the kubelet answer cannot tell which process is whose
     for pid in ("52010", "52011"):
         assert one(s, "xpu_process_gpu_memory_used_bytes", pid=pid, pod="", namespace="") > 0
-    assert pick(s, "xpu_pod_gpu_memory_used_bytes", gpu="4") == {}
+    assert pick(s, "xpu_pod_gpu_memory_used_bytes", uuid=node.uuid(4)) == {}
     # an exclusively held card still maps through kubelet's allocation
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="52020", pod="vllm-code-0", container="vllm") > 0
 
@@ -161,7 +180,7 @@ def test_mps_server_is_never_attributed_to_a_pod(node: Node) -> None:
     s = node.cycle()
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="80000", process="nvidia-cuda-mps-server", pod="") > 0
     assert pick(s, "xpu_pod_gpu_memory_used_bytes", pod="mps-control") == {}
-    assert pick(s, "xpu_pod_gpu_memory_used_bytes", gpu="6") == {}
+    assert pick(s, "xpu_pod_gpu_memory_used_bytes", uuid=node.uuid(6)) == {}
 
 
 def test_process_cap_folds_the_rest_and_pod_sums_stay_whole(tmp_path: Path) -> None:
@@ -175,11 +194,12 @@ def test_process_cap_folds_the_rest_and_pod_sums_stay_whole(tmp_path: Path) -> N
                 {"pid": str(90000 + i), "memory_mib": str(100 * (i + 1)), "pod": "many", "namespace": "x"},
             )
         s = n.cycle()
-        kept = pick(s, "xpu_process_gpu_memory_used_bytes", gpu="6")
+        kept = pick(s, "xpu_process_gpu_memory_used_bytes", uuid=n.uuid(6))
         assert len(kept) == 3  # two biggest + the "other" series
         assert {dict(k)["pid"] for k in kept} == {"90004", "90003", ""}
-        assert one(s, "xpu_process_gpu_memory_used_bytes", gpu="6", process="other") == (100 + 200 + 300) * 2**20
-        assert one(s, "xpu_process_folded", gpu="6") == 3
+        other = one(s, "xpu_process_gpu_memory_used_bytes", uuid=n.uuid(6), process="other")
+        assert other == (100 + 200 + 300) * 2**20
+        assert one(s, "xpu_process_folded", gpu="6", uuid=n.uuid(6)) == 3
         assert one(s, "xpu_pod_gpu_memory_used_bytes", pod="many") == 1500 * 2**20
         assert one(s, "xpu_pod_gpu_processes", pod="many") == 5
     finally:
@@ -205,7 +225,8 @@ def test_slurm_docker_and_host_processes(node: Node) -> None:
     s = node.cycle()
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91000", slurm_job="4242", pod="") > 0
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91001", container=cid[:12], pod="") > 0
-    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="91002", container="", pod="", slurm_job="") > 0
+    (host,) = pick(s, "xpu_process_gpu_memory_used_bytes", pid="91002", container="", pod="", namespace="")
+    assert "slurm_job" not in dict(host), "an empty label is left out (Prometheus reads it as absent anyway)"
 
 
 def test_process_name_from_comm_when_backend_gives_none(node: Node) -> None:
@@ -265,4 +286,4 @@ def test_allocation_for_a_device_of_another_node_counts_as_unmatched(node: Node)
     ]
     s = node.cycle()
     assert one(s, "xpu_kubelet_pod_resources_unmatched_devices") == 1.0
-    assert one(s, "xpu_pod_gpu_allocated", device_id="nvidia3", gpu="3") == 1.0
+    assert one(s, "xpu_pod_gpu_allocated", device_id="nvidia3", uuid=node.uuid(3)) == 1.0

@@ -116,7 +116,7 @@ def test_simulated_pods_process_and_pod_series_match_and_vanish(daemon: Daemon) 
     assert len(procs) == 8
     assert all(p["pod"] and p["namespace"] and p["container"] for p in procs)
     for p in procs:
-        key = {k: p[k] for k in ("namespace", "pod", "container", "gpu", "uuid", "gpu_instance_id")}
+        key = {k: p[k] for k in ("namespace", "pod", "container", "uuid", "gpu_instance_id") if k in p}
         pod_value = s[("xpu_pod_gpu_memory_used_bytes", frozenset(key.items()))]
         assert pod_value == s[("xpu_process_gpu_memory_used_bytes", frozenset(p.items()))]
 
@@ -144,9 +144,7 @@ def test_simulated_pods_process_and_pod_series_match_and_vanish(daemon: Daemon) 
                         "namespace": "team-a",
                         "pod": "ft-0",
                         "container": "main",
-                        "gpu": "6",
                         "uuid": _labels(s, "xpu_gpu_up", gpu="6")[0]["uuid"],
-                        "gpu_instance_id": "",
                     }.items()
                 ),
             )
@@ -158,7 +156,7 @@ def test_simulated_pods_process_and_pod_series_match_and_vanish(daemon: Daemon) 
     daemon.xpuctl("simulate", "inject", "process_exit", "--gpu", "6", "pid=77002")
     s = daemon.wait_for(
         lambda m: (
-            not _labels(m, "xpu_process_gpu_memory_used_bytes", gpu="6")
+            not _labels(m, "xpu_process_gpu_memory_used_bytes", uuid=_labels(m, "xpu_gpu_up", gpu="6")[0]["uuid"])
             and not _labels(m, "xpu_pod_gpu_allocated", pod="ft-0")
         )
     )

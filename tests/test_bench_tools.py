@@ -275,3 +275,23 @@ def test_attribution_places_pods_on_whole_cards_only() -> None:
     mig_cards = {i for i, c in enumerate(sim.scenario.cards) if c.mig_enabled}
     assert mig_cards and not any(w.gpu in mig_cards for w in work)
     assert all(len({w.gpu for w in work if w.pod and w.pod.pod == p}) == 1 for p in {w.pod.pod for w in work if w.pod})
+
+
+def test_scrape_bench_splits_a_body_by_what_each_series_describes() -> None:
+    from bench.scrape_bench import composition
+
+    text = (
+        "# HELP xpu_gpu_up Up.\n# TYPE xpu_gpu_up gauge\n"
+        'xpu_gpu_up{gpu="0",uuid="GPU-a"} 1.0\n'
+        'xpu_process_sm_utilization_ratio{pid="7",pod="p",uuid="GPU-a"} 0.5\n'
+        'xpu_pod_gpu_processes{namespace="n",pod="p",uuid="GPU-a"} 1.0\n'
+        'xpu_health_check_status{check="x",gpu="",status="ok",uuid=""} 1.0\n'
+        "xpu_gpus 1.0\n"
+        'xpu_backend_info{backend="pid=\\"1\\""} 1.0\n'
+    )
+    c = composition(text)
+    assert c.series == {"card": 2, "process": 1, "pod": 1, "node": 2}
+    assert sum(c.bytes.values()) == c.total_bytes == len(text)
+    assert c.bytes["card"] == len("# HELP xpu_gpu_up Up.\n# TYPE xpu_gpu_up gauge\n") + len(
+        'xpu_gpu_up{gpu="0",uuid="GPU-a"} 1.0\n'
+    ) + len('xpu_health_check_status{check="x",gpu="",status="ok",uuid=""} 1.0\n')

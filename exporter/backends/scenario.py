@@ -10,7 +10,7 @@ from typing import Any
 
 from exporter.backends.types import MigProfile
 
-BUILTIN_SCENARIOS = ("h200x8", "h200x1")
+BUILTIN_SCENARIOS = ("h200x8", "h200x8-busy", "h200x1")
 
 
 class ScenarioError(ValueError):

@@ -1,7 +1,8 @@
 """Collector protocol and the adapter that serves collectors to prometheus_client.
 
 Collectors are plain objects with a name and one method that turns the latest Snapshot into fresh metric
-families. They never call the backend: a scrape costs only Python work over immutable data.
+families. They never call the backend. They run once per Snapshot, when the exposition cache renders /metrics
+(exporter/exposition.py), not once per scrape.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ class SnapshotExporter(PromCollector):
         now = self._clock()
         success = GaugeMetricFamily(
             "xpu_collector_success",
-            "Whether the collector produced its metrics on this scrape (1) or not (0).",
+            "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
             labels=["collector"],
         )
         duration = GaugeMetricFamily(
-            "xpu_collector_duration_seconds", "Time the collector took on this scrape.", labels=["collector"]
+            "xpu_collector_duration_seconds",
+            "Time the collector took in the last render of /metrics.",
+            labels=["collector"],
         )
         for collector in self._collectors:
             started = self._monotonic()

@@ -1,6 +1,6 @@
 """Per pod/container GPU metrics: memory and SM use summed over the container's own processes, and which
-devices kubelet allocated to it. Labels ``gpu``/``uuid`` (and ``gpu_instance_id`` on MIG) join with card and MIG
-metrics.
+devices kubelet allocated to it. Label ``uuid`` (and ``gpu_instance_id`` on MIG, absent on a whole card) joins with
+card and MIG metrics; the card's index and model are on ``xpu_gpu_info``, not repeated here.
 
 On a shared card each container gets only its own processes' usage. Processes whose pod cannot be told apart
 (and the MPS server, which runs every client's work) are in no pod's sums; a container with no attributed
@@ -17,7 +17,14 @@ from exporter.attribution.attributor import Attribution
 from exporter.collectors.base import NoDataError
 from exporter.snapshot import Snapshot
 
-POD_LABELS = ("namespace", "pod", "container", "gpu", "uuid", "gpu_instance_id")
+POD_LABELS = ("namespace", "pod", "container", "uuid")  # and gpu_instance_id on a MIG device
+
+
+def pod_labels(namespace: str, pod: str, container: str, uuid: str, gpu_instance_id: str) -> dict[str, str]:
+    labels = {"namespace": namespace, "pod": pod, "container": container, "uuid": uuid}
+    if gpu_instance_id:
+        labels["gpu_instance_id"] = gpu_instance_id
+    return labels
 
 
 class PodCollector:
@@ -30,50 +37,42 @@ class PodCollector:
         attribution = self._source()
         if attribution is None:
             raise NoDataError("no attribution yet")
-        labels = list(POD_LABELS)
         memory = GaugeMetricFamily(
             "xpu_pod_gpu_memory_used_bytes",
             "GPU memory used by the container's processes on the card (sum of usedGpuMemory).",
-            labels=labels,
         )
         sm = GaugeMetricFamily(
             "xpu_pod_sm_utilization_ratio",
             "Share of the card's SM time the container's processes used (sum of nvmlDeviceGetProcessUtilization).",
-            labels=labels,
         )
-        count = GaugeMetricFamily(
-            "xpu_pod_gpu_processes", "Compute processes of the container on the card.", labels=labels
-        )
+        count = GaugeMetricFamily("xpu_pod_gpu_processes", "Compute processes of the container on the card.")
         allocated = GaugeMetricFamily(
             "xpu_pod_gpu_allocated",
             "1 for each device kubelet allocated to the container (pod-resources List); device_id as kubelet "
             "reports it (GPU-..., MIG-..., with ::N for a shared replica).",
-            labels=[*labels, "resource", "device_id"],
         )
         sums: dict[tuple[str, ...], list[float | None]] = {}  # key -> [memory, sm, processes]
         for p in attribution.processes:
             w = p.workload
             if not w.pod or p.mps_server:
                 continue
-            key = (w.namespace, w.pod, w.container, str(p.gpu), p.uuid, p.gpu_instance_id)
+            key = (w.namespace, w.pod, w.container, p.uuid, p.gpu_instance_id)
             acc = sums.setdefault(key, [None, None, 0.0])
             if p.used_memory_bytes is not None:
                 acc[0] = (acc[0] or 0.0) + p.used_memory_bytes
             if p.sm_utilization_ratio is not None:
                 acc[1] = (acc[1] or 0.0) + p.sm_utilization_ratio
             acc[2] = (acc[2] or 0.0) + 1
-        for group, (mem, util, n) in sorted(sums.items()):
-            values = list(group)
+        for (namespace, pod, container, uuid, gi), (mem, util, n) in sorted(sums.items()):
+            labels = pod_labels(namespace, pod, container, uuid, gi)
             if mem is not None:
-                memory.add_metric(values, mem)
+                memory.add_sample(memory.name, labels, mem)
             if util is not None:
-                sm.add_metric(values, min(1.0, util))
-            count.add_metric(values, n or 0.0)
+                sm.add_sample(sm.name, labels, min(1.0, util))
+            count.add_sample(count.name, labels, n or 0.0)
         for a in sorted(set(attribution.allocations), key=lambda a: (a.namespace, a.pod, a.container, a.device_id)):
-            allocated.add_metric(
-                [a.namespace, a.pod, a.container, str(a.gpu), a.uuid, a.gpu_instance_id, a.resource_name, a.device_id],
-                1.0,
-            )
+            labels = pod_labels(a.namespace, a.pod, a.container, a.uuid, a.gpu_instance_id)
+            allocated.add_sample(allocated.name, {**labels, "resource": a.resource_name, "device_id": a.device_id}, 1.0)
         return (memory, sm, count, allocated, *self._kubelet(attribution))
 
     @staticmethod

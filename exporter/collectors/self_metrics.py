@@ -33,7 +33,7 @@ class SelfCollector:
         )
         age = GaugeMetricFamily(
             "xpu_sample_age_seconds",
-            "Seconds since the last sampling cycle finished.",
+            "Seconds since the last sampling cycle finished, when /metrics was rendered.",
             value=max(0.0, now - snapshot.taken_at),
         )
         cycle = GaugeMetricFamily(

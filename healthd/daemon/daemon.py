@@ -96,7 +96,11 @@ class Daemon:
             health=self._healthz,
             landing=self.status_page,
             web_config=load_metrics_web_config(config.transport),
+            interval_seconds=s.interval_seconds,
+            # past this age a scrape renders afresh, so xpu_sample_age_seconds keeps growing when sampling stops
+            max_age_seconds=max(2 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds),
         )
+        sampler.subscribe(self.metrics.exposition.publish, "exposition")
         t = config.transport
         self.rpc = RpcEndpoints(
             [svc for part in parts for svc in part.services()],

@@ -15,6 +15,7 @@ from exporter.attribution.attributor import Attribution
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.executor import in_daemon_thread
+from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.snapshot import Snapshot
 from exporter.webconfig import WebConfig
@@ -97,12 +98,16 @@ class MetricsEndpoint:
         health: Callable[[], Health],
         landing: Callable[[], str],
         web_config: WebConfig | None,
+        interval_seconds: float,
+        max_age_seconds: float,
     ) -> None:
         self.listen = listen
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotExporter(latest, list(collectors)))
+        # rendered once per Snapshot for the formats scrapers ask for; a scrape is served those bytes
+        self.exposition = ExpositionCache(self.registry, interval=interval_seconds, max_age=max_age_seconds)
         self.http = MetricsHTTPServer(
-            parse_listen_address(listen), self.registry, health=health, landing=landing, web_config=web_config
+            parse_listen_address(listen), self.exposition, health=health, landing=landing, web_config=web_config
         )
 
     def collectors(self) -> Sequence[Collector]:

@@ -197,6 +197,9 @@ class SimulatedNode:
 
     def sync(self, snapshot: Snapshot | None = None) -> None:
         workloads = self.backend.workloads()
+        with self._lock:
+            if workloads == self._workloads:
+                return  # nothing started, exited or moved since the last cycle (the usual case)
         live = {w.pid for w in workloads}
         for pid in [p for p in self._written if p not in live]:
             shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
