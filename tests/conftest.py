@@ -10,6 +10,14 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite tests/golden/ from the current output (then review the diff) instead of comparing with it",
+    )
+
+
 class FakeClock:
     """A wall clock that moves only when told to."""
 
