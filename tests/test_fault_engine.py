@@ -308,7 +308,7 @@ def test_boot_id_comes_from_the_configured_file(tmp_path: Path) -> None:
 
 
 def test_unreadable_boot_id_never_resolves_by_reboot(tmp_path: Path) -> None:
-    from healthd.faults.engine import read_boot_id
+    from healthd.faults.escalation import read_boot_id
 
     assert read_boot_id(tmp_path / "missing") == "unknown"
     clock = FakeClock()
