@@ -13,10 +13,11 @@ Rules (one fault per identity = (check, code, GPU uuid) while active):
   below reset_gpu resolves after ``event_quiet_seconds`` without repeats. One that needs reset_gpu or
   reboot_node stays active until the node has rebooted (the boot id changed); a GPU reset without a reboot is
   not observed, so such a fault stays until then. Replace_node faults never resolve on their own.
-- Escalation (escalation.py): every fatal finding notes the boot id it was seen in. When a fatal identity has been seen in more
-  than ``escalation_reboots`` distinct boots within ``escalation_window_seconds`` (it came back after K reboots),
-  it is opened as a new fault with action replace_node (record "escalated"); an older active fault with the same
-  identity and a smaller action is resolved as superseded. A new fault id keeps "one hook call per fault id" true.
+- Escalation (escalation.py): every fatal finding notes the boot id it was seen in. When a fatal identity has been
+  seen in more than ``escalation_reboots`` distinct boots within ``escalation_window_seconds`` (it came back after
+  K reboots), it is opened as a new fault with action replace_node (record "escalated"); an older active fault
+  with the same identity and a smaller action is resolved as superseded. A new fault id keeps "one hook call per
+  fault id" true.
 - A fault is queued to the replacement hooks once, the first time its action reaches ``hook_min_action``.
 
 The engine is synchronous and thread-safe: ``report()``/``event()`` (the probe runner's FindingSink; the
