@@ -176,10 +176,14 @@ def test_data_the_probes_did_not_flag_shows_no_problem(sim: SimulatedBackend, cl
     try:
         snap = sampler.run_once()
         engine.accept_report(probe.evaluate(snap, clock.now))
-        page = Page(render_status_page(snap, clock.now, providers))
+        text = render_status_page(snap, clock.now, providers)
+        page = Page(text)
         assert page.gpu(IDLE_GPU) == ("ok-row", [("ok", "ok", "")])
         assert page.banner == ("ok", "All 8 GPUs answering, no problems seen")
         samples = probe.settings.thresholds.orphan_samples
+        # the check table says, on hover, what the probe is waiting for
+        pending = f"2048 MiB not owned by any listed process in 1 sample(s) in a row; reported after {samples}"
+        assert f'title="{pending}"' in text
         for _ in range(samples - 1):
             clock.advance(5)
             snap = sampler.run_once()
