@@ -70,7 +70,7 @@ timeout 300 python3 bench/tdm_sharing.py --out "$OUT" 2>&1 | tee "$OUT/tdm_shari
 tdm_rc=${PIPESTATUS[0]}
 
 echo "== contract tests on real NVML"
-XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_backend_contract.py \
+XPU_TEST_REAL_NVML=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/exporter/backends/test_backend_contract.py \
   2>&1 | tee "$OUT/pytest.log" | tail -25
 contract_rc=${PIPESTATUS[0]}
 

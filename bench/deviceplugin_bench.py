@@ -1,7 +1,7 @@
 """xpu-device-plugin: Allocate latency, health flip latency and the plugin's memory, as kubelet sees them.
 
-Starts a simulated 8-card xpu-healthd, the plugin as a process and the kubelet test double (tests/kubelet_double.py,
-real v1beta1 and pod-resources protos on unix sockets). Times, from the kubelet side:
+Starts a simulated 8-card xpu-healthd, the plugin as a process and the kubelet test double
+(tests/support/kubelet_double.py, real v1beta1 and pod-resources protos on unix sockets). Times, from the kubelet side:
 - Allocate of one whole card (CDI names from the cached view; no daemon call on this path);
 - Allocate of one MIG 1g.18gb slice (CreatePartition on the daemon, then a fresh view);
 - health flip: an injected XID 79 until kubelet's ListAndWatch stream shows the card Unhealthy, and the operator's

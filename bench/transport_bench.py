@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import bcrypt
 import structlog
 from prometheus_client.registry import CollectorRegistry
-from servicehelpers import make_pki
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.http import Health, MetricsHTTPServer
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.webconfig import BasicAuthenticator, parse_web_config
+from tests.support.servicehelpers import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 

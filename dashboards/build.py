@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (panel definitions read best one per line)
 """Write the Grafana dashboards (dashboards/*.json) from the panel lists below.
 
-Run ``python3 dashboards/build.py`` after changing a panel; tests/test_dashboards.py fails when the JSON files are
+Run ``python3 dashboards/build.py`` after changing a panel; tests/dashboards/test_dashboards.py fails when the JSON files are
 out of date. Panels use the ``$datasource`` variable (any Prometheus), ``$node`` (the scrape ``instance``) and,
 where it makes sense, ``$gpu``; every panel has a unit, and the ones that show health have thresholds.
 """

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+
 PACKAGES = ("exporter", "healthd", "deviceplugin")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+
+ROOT = REPO
 SHARED = "shared"
 # built from parts so that this file does not match itself
 OUTSIDE = re.compile(

@@ -3,8 +3,8 @@
 The cases below are the hand-written expectations: input series, when each alert must still be quiet (pending or
 flapping), when it must fire and with which labels. Only the annotation text is filled in here, by rendering the
 rule's own templates with the expected labels and value (promtool compares annotations verbatim). Run it after
-changing a rule or a case: ``python3 alerts/tests/generate.py``; tests/test_alert_rules.py fails if the committed
-file is out of date.
+changing a rule or a case: ``python3 alerts/tests/generate.py``; tests/dashboards/test_alert_rules.py fails if the
+committed file is out of date.
 """
 
 from __future__ import annotations

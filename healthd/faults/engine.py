@@ -13,10 +13,11 @@ Rules (one fault per identity = (check, code, GPU uuid) while active):
   below reset_gpu resolves after ``event_quiet_seconds`` without repeats. One that needs reset_gpu or
   reboot_node stays active until the node has rebooted (the boot id changed); a GPU reset without a reboot is
   not observed, so such a fault stays until then. Replace_node faults never resolve on their own.
-- Escalation: every fatal finding notes the boot id it was seen in. When a fatal identity has been seen in more
-  than ``escalation_reboots`` distinct boots within ``escalation_window_seconds`` (it came back after K reboots),
-  it is opened as a new fault with action replace_node (record "escalated"); an older active fault with the same
-  identity and a smaller action is resolved as superseded. A new fault id keeps "one hook call per fault id" true.
+- Escalation (escalation.py): every fatal finding notes the boot id it was seen in. When a fatal identity has been
+  seen in more than ``escalation_reboots`` distinct boots within ``escalation_window_seconds`` (it came back after
+  K reboots), it is opened as a new fault with action replace_node (record "escalated"); an older active fault
+  with the same identity and a smaller action is resolved as superseded. A new fault id keeps "one hook call per
+  fault id" true.
 - A fault is queued to the replacement hooks once, the first time its action reaches ``hook_min_action``.
 
 The engine is synchronous and thread-safe: ``report()``/``event()`` (the probe runner's FindingSink; the
@@ -37,27 +38,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import structlog
 
+from healthd.faults.escalation import RebootEscalation
 from healthd.faults.fault import Fault, FaultRecord, FaultState, RecordKind, identity_of, new_fault
 from healthd.faults.journal import Change, Journal
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport
 from healthd.faults.settings import FaultsSettings
 
 log = structlog.get_logger("faults")
 
 PRUNE_EVERY_SECONDS = 3600.0
-
-
-def read_boot_id(path: Path) -> str:
-    """The kernel's boot id; a daemon that cannot read it runs, but cannot tell reboots apart."""
-    try:
-        return path.read_text().strip() or "unknown"
-    except OSError as exc:
-        log.warning("cannot read boot id; reboot detection is off", path=str(path), error=str(exc))
-        return "unknown"
 
 
 @dataclass(slots=True)
@@ -86,6 +78,7 @@ class FaultEngine:
         self._journal = journal
         self._s = settings
         self.boot_id = boot_id
+        self._escalation = RebootEscalation(journal, settings, boot_id)
         self._targets = tuple(hook_targets)
         self._hook_min = hook_min_action
         self._clock = clock
@@ -99,7 +92,6 @@ class FaultEngine:
         self._last_record_at: dict[str, float] = {}  # fault id -> when it last got a record
         self._stored_at: dict[str, float] = {}  # fault id -> when its state was last written (record or touch)
         self._committed: tuple[Fault, ...] = ()  # active faults as of the last commit: what readers see
-        self._fatal_boots: dict[tuple[str, str], int] = {}  # (identity, boot) -> boots seen, once per boot
         self._checks: dict[tuple[str, str], CheckState] = {}  # (check, gpu uuid or "") -> latest result
         self._xid_counts: dict[tuple[str, str, str], int] = {}  # (gpu index, uuid, xid) -> events since start
         self._last_prune = 0.0
@@ -122,7 +114,7 @@ class FaultEngine:
         """One evaluation of one check: condition findings plus the per-GPU status; returns the records written."""
         now = self._clock()
         with self._commit_lock:
-            self._learn_fatal_boots(report.findings, now)
+            self._escalation.learn(report.findings, now)
             with self._state:
                 changes, touched = self._evaluate_report(report, now)
             return self._commit(changes, now, touched)
@@ -161,7 +153,7 @@ class FaultEngine:
         """A one-off finding (an XID line, an ECC event); returns the records written."""
         now = self._clock()
         with self._commit_lock:
-            self._learn_fatal_boots((finding,), now)
+            self._escalation.learn((finding,), now)
             changes: list[Change] = []
             touched: list[Fault] = []
             with self._state:
@@ -221,7 +213,7 @@ class FaultEngine:
         self, identity: str, finding: Finding, now: float, changes: list[Change], touched: list[Fault]
     ) -> None:
         self._clear_streak.pop(identity, None)
-        action = self._escalated_action(identity, finding, now)
+        action = self._escalation.action(identity, finding, now)
         fault = self._active.get(identity)
         if fault is not None:
             if action == Action.REPLACE_NODE and fault.action < Action.REPLACE_NODE:
@@ -244,7 +236,7 @@ class FaultEngine:
         if finding.code.startswith("xid_") and finding.gpu is not None:
             key = (str(finding.gpu.index), finding.gpu.uuid, finding.evidence.get("xid", finding.code[4:]))
             self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
-        action = self._escalated_action(identity, finding, now)
+        action = self._escalation.action(identity, finding, now)
         fault = self._active.get(identity)
         if fault is not None:
             if action == Action.REPLACE_NODE and fault.action < Action.REPLACE_NODE:
@@ -255,35 +247,6 @@ class FaultEngine:
         if self._reopen(identity, finding, action, now, changes):
             return
         self._open(finding, action, now, changes, escalated=action != finding.action)
-
-    def _escalated_action(self, identity: str, finding: Finding, now: float) -> Action:
-        if finding.severity < Severity.FATAL or self._s.escalation_reboots <= 0:
-            return finding.action
-        boots = self._note_fatal_boot(identity, now)
-        if boots > self._s.escalation_reboots:
-            return Action.REPLACE_NODE
-        return finding.action
-
-    def _note_fatal_boot(self, identity: str, now: float) -> int:
-        key = (identity, self.boot_id)
-        boots = self._fatal_boots.get(key)
-        if boots is None:  # normally learnt before the state lock was taken (_learn_fatal_boots)
-            boots = self._journal.note_fatal_boot(identity, self.boot_id, now, self._s.escalation_window_seconds)
-            self._fatal_boots[key] = boots
-        return boots
-
-    def _learn_fatal_boots(self, findings: Iterable[Finding], now: float) -> None:
-        """Note this boot for each new fatal identity: journal I/O done before the state lock, not under it."""
-        if self._s.escalation_reboots <= 0:
-            return
-        for finding in findings:
-            if finding.severity < Severity.FATAL:
-                continue
-            key = (identity_of(finding.check, finding.code, finding.gpu), self.boot_id)
-            if key not in self._fatal_boots:
-                self._fatal_boots[key] = self._journal.note_fatal_boot(
-                    key[0], self.boot_id, now, self._s.escalation_window_seconds
-                )
 
     def _open(self, finding: Finding, action: Action, now: float, changes: list[Change], *, escalated: bool) -> None:
         evidence = dict(finding.evidence)

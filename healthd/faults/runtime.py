@@ -11,7 +11,8 @@ from collections.abc import Callable
 import structlog
 
 from exporter.executor import SerialExecutor
-from healthd.faults.engine import FaultEngine, read_boot_id
+from healthd.faults.engine import FaultEngine
+from healthd.faults.escalation import read_boot_id
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
 from healthd.faults.model import Action

@@ -23,10 +23,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.conftest import free_port
-from tests.daemon import DaemonProcess
+from tests.support.daemon_process import DaemonProcess
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 TEST_FOR = "2s"

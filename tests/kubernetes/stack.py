@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.daemon import DaemonProcess
-from tests.kubelet_double import KubeletDouble
+from tests.support.daemon_process import DaemonProcess
+from tests.support.kubelet_double import KubeletDouble
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent.parent
 GPU = "xpu-runtime-kit.io/gpu"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,63 +13,14 @@ from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
-from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 from healthd.partition.wiring import SERVICE_NAME, add_partitions
 from healthd.rpc.server import GrpcServer, Service
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@dataclass
-class Node:
-    """Everything that survives a daemon crash: the (simulated) GPUs, the state dir, the CDI dir, the clock."""
-
-    root: Path
-    backend: SimulatedBackend
-    clock: FakeClock
-    sharing: SharingPolicy = SharingPolicy.ISOLATED  # the default TDM sharing of its manager
-
-    @property
-    def state_file(self) -> Path:
-        return self.root / "state" / "partitions.sqlite"
-
-    @property
-    def cdi_dir(self) -> Path:
-        return self.root / "cdi"
-
-    def manager(
-        self,
-        *,
-        mps: SimulatedMpsControl | None = None,
-        pod_exists: PodExists | None = None,
-        settings: ManagerSettings | None = None,
-        proc_root: Path = Path("/proc"),
-        new_id: Callable[[], str] | None = None,
-    ) -> PartitionManager:
-        return PartitionManager(
-            self.backend,
-            Store(self.state_file),
-            MpsSupervisor(mps or SimulatedMpsControl(), self.root / "run"),
-            CdiWriter(self.cdi_dir),
-            OwnerProbe(proc_root=proc_root, cgroup_root=self.root / "cgroup", pod_exists=pod_exists, clock=self.clock),
-            settings=settings or ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
-            clock=self.clock,
-            proc_root=proc_root,
-            default_sharing=self.sharing,
-            **({"new_id": new_id} if new_id else {}),
-        )
+from tests.support.clock import FakeClock
+from tests.support.partition_node import Daemon, Node
 
 
 @pytest.fixture(params=list(SharingPolicy), ids=lambda p: f"tdm-{p}")
@@ -87,16 +37,6 @@ def make_node(tmp_path: Path, sharing: SharingPolicy) -> Callable[[str], Node]:
         return Node(root=tmp_path, backend=backend, clock=FakeClock(), sharing=sharing)
 
     return make
-
-
-@dataclass
-class Daemon:
-    """A partition service on a real grpc.aio server (own event loop thread): admin and read-only sockets."""
-
-    admin: str
-    read: str
-    manager: PartitionManager
-    loop: asyncio.AbstractEventLoop
 
 
 @pytest.fixture(scope="module")

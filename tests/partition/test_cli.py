@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from healthd.cli import main
-from tests.partition.conftest import Daemon
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.partition_node import Daemon
+from tests.support.paths import REPO
 
 
 def xpuctl(daemon: Daemon, *args: str) -> list[str]:

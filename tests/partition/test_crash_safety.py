@@ -22,8 +22,7 @@ from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from healthd.partition.store import Store
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 @pytest.mark.parametrize("sharing", list(SharingPolicy))

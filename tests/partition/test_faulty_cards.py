@@ -18,7 +18,7 @@ from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.store import Store
-from tests.partition.conftest import Node
+from tests.support.partition_node import Node
 
 
 def fault(gpu: int | None, action: Action, code: str = "xid_79", state: FaultState = FaultState.ACTIVE) -> Fault:

@@ -20,7 +20,8 @@ from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionM
 from healthd.partition.model import CardMode, Owner, OwnerKind, State
 from healthd.partition.mps import SimulatedMpsControl
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
-from tests.partition.conftest import FakeClock, Node
+from tests.support.clock import FakeClock
+from tests.support.partition_node import Node
 
 CARDS = ("1", "2", "6", "7")  # 1, 2: MIG off in hardware; 6: MIG on, empty; 7: MIG on with 2 foreign instances
 EXPECTED_FAILURES = {Kind.INVALID, Kind.EXHAUSTED, Kind.PRECONDITION, Kind.NOT_FOUND, Kind.CONFLICT}

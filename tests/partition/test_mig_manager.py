@@ -10,7 +10,7 @@ import pytest
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, State
-from tests.partition.conftest import Node
+from tests.support.partition_node import Node
 
 LEASE = Owner(OwnerKind.LEASE, holder="test")
 

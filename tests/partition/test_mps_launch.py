@@ -3,7 +3,7 @@
 The stand-in binary (tests/fakes/nvidia-cuda-mps-control) daemonises like the real one and its daemon keeps the
 stdout it inherited open for good. A start that captured that output waited for the pipe until its timeout; the
 supervisor then removed the live daemon's directory. The transient-unit path is checked here against recording
-stand-ins for systemd-run and systemctl; tests/test_deb_nspawn.py runs it under a real systemd.
+stand-ins for systemd-run and systemctl; tests/packaging/test_deb_nspawn.py runs it under a real systemd.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from healthd.partition.mps_launch import (
     mps_unit_name,
 )
 from healthd.partition.mps_spec import MpsDaemonSpec
+from tests.support.paths import TESTS
 
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
+FAKE = TESTS / "fakes" / "nvidia-cuda-mps-control"
 
 
 def calls(log: Path) -> list[dict[str, object]]:

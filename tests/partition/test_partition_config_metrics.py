@@ -17,7 +17,7 @@ from healthd.config import ConfigError, parse_config
 from healthd.partition.manager import CreateRequest
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.model import CardMode, Owner, OwnerKind
-from tests.partition.conftest import Node
+from tests.support.partition_node import Node
 
 
 def test_partitions_section_parses() -> None:

@@ -16,7 +16,7 @@ from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.store import Store
-from tests.partition.conftest import Node
+from tests.support.partition_node import Node
 
 RESOURCE = "xpu-runtime-kit.io/mig-1g.18gb"
 Holders = dict[tuple[str, str], tuple[str, str, str]]

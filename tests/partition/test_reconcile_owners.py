@@ -18,7 +18,8 @@ from healthd.partition.mps import MpsError, SimulatedMpsControl
 from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe, process_start_ticks
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
-from tests.partition.conftest import FakeClock, Node
+from tests.support.clock import FakeClock
+from tests.support.partition_node import Node
 
 CID = "0123456789abcdef" * 4
 

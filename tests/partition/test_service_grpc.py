@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from tests.partition.conftest import Daemon
+from tests.support.partition_node import Daemon
 
 CARD_BYTES = 143771 * 2**20
 

@@ -30,7 +30,7 @@ from healthd.partition.service import PartitionsService
 from healthd.partition.store import Store
 from healthd.partition.wiring import SERVICE_NAME, add_partitions
 from healthd.rpc.server import GrpcServer, Service
-from tests.partition.conftest import FakeClock
+from tests.support.clock import FakeClock
 
 FAST = DeadlineSettings(read_seconds=0.3, change_seconds=0.5, open_seconds=1.0)
 LEASE = Owner(OwnerKind.LEASE, holder="test")

@@ -3,7 +3,7 @@ from __future__ import annotations
 from exporter.backends.types import ComputeMode
 from healthd.faults.model import Action, Severity
 from healthd.probes.configuration import ConfigurationExpectations, ConfigurationProbe
-from tests.probes.conftest import Node, codes, only, status
+from tests.support.probe_node import Node, codes, only, status
 
 
 def test_stock_node_matches_expectations(h200x8: Node) -> None:

@@ -5,7 +5,7 @@ import dataclasses
 from exporter.backends.types import UNSUPPORTED
 from healthd.faults.model import Action, Severity
 from healthd.probes.ecc import EccProbe, EccThresholds
-from tests.probes.conftest import Node, codes, only, status
+from tests.support.probe_node import Node, codes, only, status
 
 
 def test_healthy_node_has_no_findings_and_every_gpu_ok(h200x8: Node) -> None:

@@ -6,7 +6,7 @@ from exporter.backends.errors import BackendError
 from exporter.backends.types import GpuProcess
 from healthd.faults.model import Action, Severity
 from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings, MemoryLeakThresholds
-from tests.probes.conftest import Node, codes, only, status
+from tests.support.probe_node import Node, codes, only, status
 
 
 def _proc_for(node: Node, tmp_path: Path, *, without: tuple[int, ...] = ()) -> Path:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from healthd.faults.model import Action, Severity
 from healthd.probes.nvlink import NvLinkProbe, NvLinkThresholds
-from tests.probes.conftest import Node, codes, only, status
+from tests.support.probe_node import Node, codes, only, status
 
 
 def test_card_without_nvlink_is_unsupported_never_a_fault(h200x1: Node) -> None:

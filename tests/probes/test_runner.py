@@ -7,7 +7,7 @@ from healthd.faults.model import Action, Finding, ProbeReport
 from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.ecc import EccProbe
 from healthd.probes.runner import ProbeRunner
-from tests.probes.conftest import Node
+from tests.support.probe_node import Node
 
 
 class Sink:

@@ -10,7 +10,7 @@ from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Severity
 from healthd.probes.pcie import PcieProbe
 from healthd.probes.throttle import ThrottleProbe
-from tests.probes.conftest import Node, codes, only, status
+from tests.support.probe_node import Node, codes, only, status
 
 
 def _with(snap: Snapshot, gpu: int, **sample_changes: object) -> Snapshot:

@@ -1,0 +1,60 @@
+"""Faults that come back after reboots: each fatal finding notes the boot it was seen in, and one seen in more than
+``escalation_reboots`` boots within ``escalation_window_seconds`` is raised to replace_node (the node, not the job
+or the card, is what keeps failing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import structlog
+
+from healthd.faults.fault import identity_of
+from healthd.faults.journal import Journal
+from healthd.faults.model import Action, Finding, Severity
+from healthd.faults.settings import FaultsSettings
+
+log = structlog.get_logger("faults")
+
+
+def read_boot_id(path: Path) -> str:
+    """The kernel's boot id; a daemon that cannot read it runs, but cannot tell reboots apart."""
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError as exc:
+        log.warning("cannot read boot id; reboot detection is off", path=str(path), error=str(exc))
+        return "unknown"
+
+
+class RebootEscalation:
+    """Counts the boots each fatal identity was seen in (stored in the journal) and names the action it gets."""
+
+    def __init__(self, journal: Journal, settings: FaultsSettings, boot_id: str) -> None:
+        self._journal = journal
+        self._s = settings
+        self.boot_id = boot_id
+        self._boots: dict[tuple[str, str], int] = {}  # (identity, boot) -> boots seen, noted once per boot
+
+    def learn(self, findings: Iterable[Finding], now: float) -> None:
+        """Note this boot for each new fatal identity. Journal I/O: call it before taking the engine's state lock."""
+        if self._s.escalation_reboots <= 0:
+            return
+        for finding in findings:
+            if finding.severity < Severity.FATAL:
+                continue
+            key = (identity_of(finding.check, finding.code, finding.gpu), self.boot_id)
+            if key not in self._boots:
+                self._boots[key] = self._journal.note_fatal_boot(
+                    key[0], self.boot_id, now, self._s.escalation_window_seconds
+                )
+
+    def action(self, identity: str, finding: Finding, now: float) -> Action:
+        """The finding's own action, or replace_node once its identity came back after enough reboots."""
+        if finding.severity < Severity.FATAL or self._s.escalation_reboots <= 0:
+            return finding.action
+        key = (identity, self.boot_id)
+        boots = self._boots.get(key)
+        if boots is None:  # normally learnt before the state lock was taken (learn)
+            boots = self._journal.note_fatal_boot(identity, self.boot_id, now, self._s.escalation_window_seconds)
+            self._boots[key] = boots
+        return Action.REPLACE_NODE if boots > self._s.escalation_reboots else finding.action

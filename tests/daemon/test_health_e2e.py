@@ -1,0 +1,53 @@
+"""Probes wired into the daemon: injected faults become faults in the journal, the Health API and metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.test_daemon_e2e import wait_for
+from tests.exporter.collectors.test_card_metrics import value
+from tests.support.daemon_process import DaemonProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def test_injected_faults_reach_the_fault_list_and_metrics(tmp_path: Path) -> None:
+    with DaemonProcess(tmp_path) as d:
+        for args in (
+            ("xid", "--gpu", "3", "code=79"),
+            ("xid", "--gpu", "2", "code=13"),
+            ("nvlink_down", "--gpu", "1", "link=4"),
+        ):
+            out = d.xpuctl("simulate", "inject", *args)
+            assert out.returncode == 0, out.stderr
+
+        def listed() -> str | None:
+            out = d.xpuctl("faults", "list")
+            ok = all(code in out.stdout for code in ("xid_79", "xid_13", "nvlink_down"))
+            return out.stdout if ok else None
+
+        faults = wait_for(listed, timeout=20)
+        line79 = next(line for line in faults.splitlines() if "xid_79" in line)
+        line13 = next(line for line in faults.splitlines() if "xid_13" in line)
+        assert "gpu=3" in line79 and "fatal" in line79
+        assert "action=restart_app" in line13, "an application XID never asks for more than an app restart"
+        text = d.metrics()
+        assert value(text, "xpu_xid_errors_total", gpu="3", xid="79") == 1
+        assert value(text, "xpu_faults_active", code="nvlink_down") == 1
+        health = d.xpuctl("health")
+        assert health.returncode == 0
+        nvlink_row = next(line for line in health.stdout.splitlines() if line.startswith("nvlink"))
+        assert "failed" in nvlink_row
+
+
+def test_healthy_simulated_node_raises_no_fault(tmp_path: Path) -> None:
+    with DaemonProcess(tmp_path) as d:
+        wait_for(lambda: value(d.metrics(), "xpu_sampler_cycle_seconds") is not None)
+        # let several sampling cycles and probe evaluations pass
+        first = value(d.metrics(), "xpu_backend_calls_total", call="sample") or 0
+        wait_for(lambda: (value(d.metrics(), "xpu_backend_calls_total", call="sample") or 0) >= first + 8 * 5)
+        out = d.xpuctl("faults", "list")
+        assert out.returncode == 0
+        assert "active" not in out.stdout, out.stdout

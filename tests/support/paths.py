@@ -1,0 +1,9 @@
+"""Where things are, for tests at any depth under tests/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
