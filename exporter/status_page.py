@@ -3,7 +3,11 @@
 No scripts, no external assets (it must work on an air-gapped node and through a port-forward); it refreshes
 itself every 10 s. Card data comes from the Snapshot. Health checks, active faults and partitions live in the
 daemon (``healthd``), which the exporter must not import, so they come in through optional providers that return
-the plain rows below; a section whose provider is missing says so instead of showing an empty table.
+the plain rows below; a section whose provider is missing (or failed) says so instead of showing an empty table.
+
+The page judges nothing itself: what it calls a problem is a card that does not answer, a health check the
+daemon's probes report as failed or warning (their thresholds are in ``[health.*]``), or an active fault. The card
+values (memory, ECC counts, links up) are shown as data; without providers only an unanswering card is flagged.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from exporter.backends.recovery import RecoveryAction, decode_recovery_action
-from exporter.backends.types import ClockEventReason, ComputeMode, LinkState, Unsupported
+import structlog
+
+from exporter.backends.types import DeviceSample, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
 
-LEAK_BYTES = 1 << 30
+log = structlog.get_logger("status_page")
 T = TypeVar("T")
 
 
@@ -61,43 +66,46 @@ class StatusProviders:
 class Problem:
     level: str  # "bad" or "warn"
     text: str
+    title: str = ""  # the longer text a pointer over the pill shows
 
 
-def card_problems(gpu: GpuSnapshot, driver_version: str | None = None) -> list[Problem]:
-    """What the card data alone shows to be wrong (display only; the daemon's probes decide faults)."""
+# A check status or fault severity -> the pill it gets; anything else (ok, unknown, unsupported; an info fault,
+# listed in the fault table anyway) is not a problem.
+CHECK_LEVELS = {"failed": "bad", "warning": "warn"}
+FAULT_LEVELS = {"fatal": "bad", "critical": "bad", "warning": "warn"}
+
+
+def data_problems(gpu: GpuSnapshot) -> list[Problem]:
+    """What the data shows without any threshold: the card does not answer, or has not been sampled yet."""
     if not gpu.fresh:
         return [Problem("bad", f"not answering ({gpu.error_code or 'error'}): {gpu.error or ''}".rstrip(": "))]
-    s = gpu.sample
-    if s is None:
+    if gpu.sample is None:
         return [Problem("warn", "no sample yet")]
-    out: list[Problem] = []
-    if isinstance(s.ecc.uncorrected_volatile, int) and s.ecc.uncorrected_volatile > 0:
-        out.append(Problem("bad", f"{s.ecc.uncorrected_volatile} uncorrectable ECC errors"))
-    if not isinstance(s.remapped_rows, Unsupported):
-        if s.remapped_rows.failure:
-            out.append(Problem("bad", "row remapping failed"))
-        elif s.remapped_rows.pending:
-            out.append(Problem("warn", "row remap pending (reset needed)"))
-    if not isinstance(s.nvlinks, Unsupported):
-        down = [link.link for link in s.nvlinks if link.state is LinkState.DOWN]
-        if down:
-            out.append(Problem("bad", f"NVLink {', '.join(map(str, down))} down"))
-    if isinstance(s.recovery_action, int) and s.recovery_action:
-        action = decode_recovery_action(s.recovery_action, driver_version)
-        if action is None:
-            out.append(Problem("warn", f"driver asks for recovery action {s.recovery_action} (unknown on this driver)"))
-        elif action is not RecoveryAction.NONE:
-            level = "warn" if action in (RecoveryAction.DRAIN_P2P, RecoveryAction.RECOVER_IMEX_DOMAIN) else "bad"
-            out.append(Problem(level, f"driver asks for {action.text}"))
-    if s.compute_mode is ComputeMode.PROHIBITED:
-        out.append(Problem("warn", "compute mode Prohibited"))
-    if isinstance(s.clock_event_reasons, int):
-        slow = ClockEventReason.slowdowns(s.clock_event_reasons)
-        if slow:
-            out.append(Problem("warn", "slowed down: " + ", ".join(reason.label for reason in slow)))
-    if not gpu.processes and s.memory_used_bytes > LEAK_BYTES and not gpu.mig_instances:
-        out.append(Problem("warn", f"{s.memory_used_bytes / 2**30:.1f} GiB held with no process"))
-    return out
+    return []
+
+
+def check_problem(row: CheckRow) -> Problem | None:
+    level = CHECK_LEVELS.get(row.status)
+    if level is None:
+        return None
+    return Problem(level, f"{row.check}: {row.detail}" if row.detail else f"{row.check} {row.status}")
+
+
+def fault_problem(row: FaultRow) -> Problem | None:
+    level = FAULT_LEVELS.get(row.severity)
+    if level is None:
+        return None
+    action = f" ({row.action})" if row.action != "none" else ""
+    return Problem(level, f"fault {row.code}{action}", f"{row.severity}: {row.message}")
+
+
+def card_problems(gpu: GpuSnapshot, checks: Sequence[CheckRow] = (), faults: Sequence[FaultRow] = ()) -> list[Problem]:
+    """What the state cell of ``gpu`` shows: the data's own facts, then the probes' failed and warning checks for
+    this card (failed first), then its active faults."""
+    found = [p for r in checks if r.gpu == gpu.index and (p := check_problem(r)) is not None]
+    found.sort(key=lambda p: p.level != "bad")
+    found += [p for r in faults if r.gpu == gpu.index and (p := fault_problem(r)) is not None]
+    return data_problems(gpu) + found
 
 
 CSS = """
@@ -124,19 +132,29 @@ def _opt(value: object, fmt: str) -> str:
     return _e(fmt.format(value))
 
 
-def _gpu_rows(snapshot: Snapshot) -> str:
+def _ecc_counts(s: DeviceSample) -> str:
+    ecc = s.ecc
+    if ecc.enabled_current is not True:
+        return "off" if ecc.enabled_current is False else "&ndash;"
+    return f"{_opt(ecc.uncorrected_volatile, '{}')} / {_opt(ecc.corrected_volatile, '{}')}"
+
+
+def _pill(p: Problem) -> str:
+    title = f' title="{_e(p.title)}"' if p.title else ""
+    return f'<span class="pill {p.level}"{title}>{_e(p.text)}</span>'
+
+
+def _gpu_rows(snapshot: Snapshot, problems: dict[int, list[Problem]]) -> str:
     rows = []
     for gpu in snapshot.gpus:
         info, s = gpu.info, gpu.sample
-        problems = card_problems(gpu, snapshot.system.driver_version if snapshot.system else None)
-        level = "bad" if any(p.level == "bad" for p in problems) else "warn" if problems else "ok"
-        state = "".join(f'<span class="pill {p.level}">{_e(p.text)}</span>' for p in problems) or (
-            '<span class="pill ok">ok</span>'
-        )
+        found = problems.get(gpu.index, [])
+        level = _worst(found)
+        state = "".join(_pill(p) for p in found) or '<span class="pill ok">ok</span>'
         name = _e(info.name) if info else "?"
         uuid = _e(info.uuid[:12] + "…") if info else ""
         if s is None or not gpu.fresh:
-            values = '<td colspan="6" class="muted">no current values</td>'
+            values = '<td colspan="7" class="muted">no current values</td>'
         else:
             total = info.memory_total_bytes if info else 0
             mem = f"{s.memory_used_bytes / 2**30:.0f} / {total / 2**30:.0f} GiB"
@@ -152,7 +170,7 @@ def _gpu_rows(snapshot: Snapshot) -> str:
                 f"<td>{_opt(None if isinstance(util, Unsupported) else util * 100, '{:.0f} %')}</td>"
                 f"<td>{_e(mem)}</td><td>{_opt(s.temperature_gpu_celsius, '{:.0f} °C')}</td>"
                 f"<td>{_opt(s.power_draw_watts, '{:.0f}')} / {_opt(s.power_limit_watts, '{:.0f} W')}</td>"
-                f"<td>{links}</td><td>{mig}</td>"
+                f"<td>{_ecc_counts(s)}</td><td>{links}</td><td>{mig}</td>"
             )
         rows.append(
             f'<tr class="{level}-row"><td>{gpu.index}</td><td>{name}<br><span class="muted">{uuid}</span></td>'
@@ -160,14 +178,19 @@ def _gpu_rows(snapshot: Snapshot) -> str:
         )
     head = (
         "<tr><th>GPU</th><th>model</th><th>util</th><th>memory</th><th>temp</th><th>power</th>"
+        '<th title="volatile ECC errors since the last GPU reset: uncorrectable / correctable">ECC unc / corr</th>'
         "<th>NVLink up</th><th>MIG</th><th>state</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def _section(title: str, rows: Sequence[object] | None, render: Callable[[Sequence[object]], str]) -> str:
+def _worst(problems: Sequence[Problem]) -> str:
+    return "bad" if any(p.level == "bad" for p in problems) else "warn" if problems else "ok"
+
+
+def _section(title: str, rows: Sequence[object] | None, note: str, render: Callable[[Sequence[object]], str]) -> str:
     if rows is None:
-        return f'<h2>{_e(title)}</h2><p class="muted">Not available in this build.</p>'
+        return f'<h2>{_e(title)}</h2><p class="muted">{_e(note)}</p>'
     if not rows:
         return f'<h2>{_e(title)}</h2><p class="muted">None.</p>'
     return f"<h2>{_e(title)}</h2>{render(rows)}"
@@ -224,8 +247,46 @@ def _partitions_table(rows: Sequence[object]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _call(provider: Callable[[], Sequence[T]] | None) -> Sequence[T] | None:
-    return None if provider is None else list(provider())
+def _call(name: str, provider: Callable[[], Sequence[T]] | None) -> tuple[list[T] | None, str]:
+    """A provider's rows, or None and why not: none in this build, or it raised (the page still renders)."""
+    if provider is None:
+        return None, "Not available in this build."
+    try:
+        return list(provider()), ""
+    except Exception as exc:
+        log.exception("status page: a provider failed", section=name)
+        return None, f"Not available: reading them failed ({type(exc).__name__}: {exc})."
+
+
+def _banner(
+    snapshot: Snapshot,
+    problems: dict[int, list[Problem]],
+    checks: Sequence[CheckRow] | None,
+    faults: Sequence[FaultRow] | None,
+) -> tuple[str, str]:
+    """The banner's level and text from the same problems the GPU rows show, node-wide checks and active faults."""
+    if not snapshot.backend_up:
+        return "bad", f"GPU driver library not usable: {snapshot.backend_error}"
+    bad = [i for i, found in problems.items() if _worst(found) == "bad"]
+    warn = [i for i, found in problems.items() if _worst(found) == "warn"]
+    node = [p for r in checks or () if r.gpu is None and (p := check_problem(r)) is not None]
+    fault_levels = [level for f in faults or () if (level := FAULT_LEVELS.get(f.severity)) is not None]
+    parts = [f"{_gpus(bad)} need{'s' if len(bad) == 1 else ''} attention"] if bad else []
+    parts += [f"{_gpus(warn)}: warnings"] if warn else []
+    parts += [f"node: {p.text}" for p in node]
+    levels = [*(["bad"] if bad else []), *(["warn"] if warn else []), *(p.level for p in node), *fault_levels]
+    level = _worst([Problem(lv, "") for lv in levels])
+    if parts or level != "ok":
+        text = "; ".join(parts)
+    elif checks is None:
+        text = f"All {len(snapshot.gpus)} GPUs answering; no health checks in this build"
+    elif not checks:
+        text = f"All {len(snapshot.gpus)} GPUs answering; the health checks have not run yet"
+    else:
+        text = f"All {len(snapshot.gpus)} GPUs answering, no problems seen"
+    if faults:
+        text = "; ".join(filter(None, [text, f"{len(faults)} active fault{'s' if len(faults) != 1 else ''}"]))
+    return level, text
 
 
 def render_status_page(
@@ -252,24 +313,12 @@ def render_status_page(
         f"{' &middot; ' + _e(version) if version else ''} &middot; data {now - snapshot.taken_at:.1f} s old</span>"
         "</header>"
     )
-    faults = _call(providers.faults)
-    checks = _call(providers.checks)
-    partitions = _call(providers.partitions)
+    faults, faults_note = _call("faults", providers.faults)
+    checks, checks_note = _call("checks", providers.checks)
+    partitions, partitions_note = _call("partitions", providers.partitions)
+    problems = {g.index: card_problems(g, checks or (), faults or ()) for g in snapshot.gpus}
+    banner = _banner(snapshot, problems, checks, faults)
     stuck = [g.index for g in snapshot.gpus if not g.fresh]
-    driver_version = snapshot.system.driver_version if snapshot.system else None
-    bad = [g.index for g in snapshot.gpus if any(p.level == "bad" for p in card_problems(g, driver_version))]
-    warn = [g.index for g in snapshot.gpus if card_problems(g, driver_version) and g.index not in bad]
-    if not snapshot.backend_up:
-        banner = ("bad", f"GPU driver library not usable: {snapshot.backend_error}")
-    elif bad or faults:
-        parts = [f"{_gpus(bad)} need{'s' if len(bad) == 1 else ''} attention"] if bad else []
-        if faults:
-            parts.append(f"{len(faults)} active fault{'s' if len(faults) != 1 else ''}")
-        banner = ("bad", "; ".join(parts))
-    elif warn:
-        banner = ("warn", f"{_gpus(warn)}: warnings")
-    else:
-        banner = ("ok", f"All {len(snapshot.gpus)} GPUs answering, no problems seen")
     if node is not None and not node.serving:
         banner = ("bad", node.summary)
     elif node is not None and node.level is Level.DEGRADED:
@@ -278,10 +327,10 @@ def render_status_page(
         banner = (banner[0], banner[1] + f" ({len(stuck)} not answering)")
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
-        f"<h2>GPUs</h2>{_gpu_rows(snapshot)}"
-        + _section("Active faults", faults, lambda rows: _faults_table(rows, now))
-        + _section("Health checks", checks, _checks_table)
-        + _section("Partitions", partitions, _partitions_table)
+        f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems)}"
+        + _section("Active faults", faults, faults_note, lambda rows: _faults_table(rows, now))
+        + _section("Health checks", checks, checks_note, _checks_table)
+        + _section("Partitions", partitions, partitions_note, _partitions_table)
         + "</main>"
     )
     return _page(title, header + body)

@@ -226,8 +226,12 @@ class DriverProbe:
                 report.gpu_done(ref, [finding])
             return
         raw = g.sample.recovery_action if g.sample else 0
-        findings = [] if isinstance(raw, Unsupported) else self._recovery_action(ref, raw, driver)
-        report.gpu_done(ref, findings, "answering")
+        if isinstance(raw, Unsupported):
+            report.gpu_done(ref, [], "answering; this driver does not report a recovery action")
+            return
+        report.gpu_done(
+            ref, self._recovery_action(ref, raw, driver), "answering; the driver asks for no recovery action"
+        )
 
     @staticmethod
     def _recovery_action(ref: GpuRef, raw: int, driver: str | None) -> list[Finding]:

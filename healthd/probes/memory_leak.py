@@ -113,7 +113,10 @@ class MemoryLeakProbe:
             return [], f"{_mib(g.sample.memory_used_bytes)} used, {len(g.processes)} process(es) own {_mib(owned)}"
         streak = self._orphan_streak[key] = self._orphan_streak.get(key, 0) + 1
         if streak < t.orphan_samples:
-            return [], f"{_mib(orphan)} not owned by any listed process ({streak} sample(s))"
+            return [], (
+                f"{_mib(orphan)} not owned by any listed process in {streak} sample(s) in a row; "
+                f"reported after {t.orphan_samples}"
+            )
         return [
             Finding(
                 CHECK,

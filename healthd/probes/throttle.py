@@ -1,6 +1,6 @@
 """Clock slowdown held over a window (a warning): HW slowdown, HW thermal, HW power brake or SW thermal.
 
-Each sample shows whether a slowdown reason (``ClockEventReason.SLOWDOWN``, the same set the status page shows) is
+Each sample shows whether a slowdown reason (``ClockEventReason.SLOWDOWN``, the same set the dashboards show) is
 active at that moment. GPUd's hw-slowdown component flags >= 0.6 events per minute over 10 minutes (one check a
 minute), i.e. the reason active in 60% of checks; here the same share of samples in the window. SW thermal
 slowdown (the GPU or its memory above its maximum operating temperature) counts too: GPUd flags that temperature

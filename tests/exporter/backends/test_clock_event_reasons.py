@@ -1,8 +1,9 @@
 """One clock-event-reason flag type: NVML's bits, the exported labels, and one slowdown set for every reader.
 
-The exporter's series, the status page and the throttle probe all read ``ClockEventReason``; these tests hold it to
-nvidia-ml-py's constants, to the label values the shipped dashboards and alert rules match on, and check that the
-status page and the probe call the same bits a slowdown.
+The exporter's series and the throttle probe read ``ClockEventReason``; these tests hold it to nvidia-ml-py's
+constants and to the label values the shipped dashboards and alert rules match on. The status page has no rule of its
+own: it shows the throttle probe's verdict, and the last test follows each bit through the daemon's fault engine and
+status-page providers to the card's state cell.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -21,10 +23,12 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import ClockEventReason
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.sampler import Sampler, SamplerConfig
-from exporter.snapshot import GpuSnapshot, Snapshot
-from exporter.status_page import card_problems
+from exporter.snapshot import Snapshot
+from exporter.status_page import card_problems, render_status_page
+from healthd.daemon.status_rows import status_providers
 from healthd.probes.throttle import ThrottleProbe
 from tests.support.clock import FakeClock
+from tests.support.faults_helpers import make_engine
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -116,24 +120,26 @@ def test_the_series_carry_each_bit(snapshot: Snapshot, clock: FakeClock) -> None
     assert active == {label: float(label in {"sw_power_cap", "hw_power_brake_slowdown"}) for label in EXPORTED_LABELS}
 
 
-def _page_says_slow(gpu: GpuSnapshot) -> bool:
-    return any(p.text.startswith("slowed down") for p in card_problems(gpu))
-
-
-def _probe_warns(snapshot: Snapshot, bits: int) -> bool:
-    probe = ThrottleProbe()
-    report = None
-    for i in range(6):  # held in every sample, past the probe's minimum of 5
-        snap = _with_reasons(snapshot, 2, bits, sampled_at=snapshot.taken_at + 60 * i)
-        report = probe.evaluate(snap, snapshot.taken_at + 60 * i)
-    assert report is not None
-    return any(f.code == "clocks_hw_slowdown" for f in report.findings)
+SLOWDOWNS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}  # nvml.h
 
 
 @pytest.mark.parametrize("reason", list(ClockEventReason), ids=lambda r: r.label)
-def test_status_page_and_probe_call_the_same_bits_a_slowdown(snapshot: Snapshot, reason: ClockEventReason) -> None:
-    page = _page_says_slow(_with_reasons(snapshot, 2, reason).gpus[2])
-    probe = _probe_warns(snapshot, reason)
-    assert page == probe, f"{reason.label}: status page {page}, throttle probe {probe}"
-    slowdown = reason.label in {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
-    assert page is slowdown, f"{reason.label} is {'' if slowdown else 'not '}a slowdown (nvml.h)"
+def test_the_status_page_shows_the_throttle_probes_verdict_on_every_bit(
+    snapshot: Snapshot, reason: ClockEventReason, clock: FakeClock, tmp_path: Path
+) -> None:
+    engine = make_engine(tmp_path, clock)
+    probe = ThrottleProbe()
+    snap = snapshot
+    for i in range(6):  # held in every sample, past the probe's minimum of 5
+        snap = _with_reasons(snapshot, 2, reason, sampled_at=snapshot.taken_at + 60 * i)
+        engine.accept_report(probe.evaluate(snap, snapshot.taken_at + 60 * i))
+        clock.advance(60)
+    providers = status_providers(engine, None)
+    shown = [(p.level, p.text) for p in card_problems(snap.gpus[2], providers.checks(), providers.faults())]
+    if reason.label in SLOWDOWNS:
+        check = f"clocks: clock slowdown ({reason.label}) in 100% of samples over the last 600s"
+        assert shown == [("warn", check), ("warn", "fault clocks_hw_slowdown")]
+        assert check in render_status_page(snap, clock.now, providers)
+    else:
+        assert shown == [], f"{reason.label} is not a slowdown (nvml.h)"
+    assert all(card_problems(g, providers.checks(), providers.faults()) == [] for g in snap.gpus if g.index != 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 from collections.abc import Iterator
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -24,9 +25,11 @@ from exporter.backends.recovery import (
 )
 from exporter.collectors.card import CardCollector
 from exporter.snapshot import Snapshot
-from exporter.status_page import card_problems
-from healthd.faults.model import Action, Severity
+from exporter.status_page import Problem, card_problems
+from healthd.daemon.status_rows import status_providers
+from healthd.faults.model import Action, ProbeReport, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings
+from tests.support.faults_helpers import make_engine
 from tests.support.probe_node import FakeClock, Node, codes, only
 
 # nvidia-ml-py release -> its NVML_GPU_RECOVERY_ACTION_* constants (pynvml.py of each wheel).
@@ -139,16 +142,29 @@ def _recovery_metric(snapshot: Snapshot) -> dict[str, float]:
     return {s.labels["gpu"]: s.value for s in family.samples}
 
 
-def test_r580_bus_reset_is_a_reset_not_a_warning(h200x8: Node) -> None:
+def _shown(tmp_path: Path, clock: FakeClock, snapshot: Snapshot, report: ProbeReport) -> dict[int, list[Problem]]:
+    """What the status page shows per card (cards with nothing left out) once the daemon's fault engine has taken
+    one driver-probe report."""
+    engine = make_engine(tmp_path, clock)
+    engine.accept_report(report)
+    providers = status_providers(engine, None)
+    shown = {g.index: card_problems(g, providers.checks(), providers.faults()) for g in snapshot.gpus}
+    return {index: problems for index, problems in shown.items() if problems}
+
+
+def test_r580_bus_reset_is_a_reset_not_a_warning(h200x8: Node, tmp_path: Path) -> None:
     h200x8.inject("recovery_action", 3, code=5)
     snapshot = h200x8.tick()
     assert snapshot.system is not None and snapshot.system.driver_version == "580.159.04"
-    finding = only(DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0), "recovery_action_bus_reset")
+    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    finding = only(report, "recovery_action_bus_reset")
     assert (finding.severity, finding.action) == (Severity.CRITICAL, Action.RESET_GPU)
     assert finding.gpu is not None and finding.gpu.index == 3
     assert finding.evidence["recovery_action"] == "5" and finding.evidence["driver_version"] == "580.159.04"
     assert _recovery_metric(snapshot)["3"] == 6.0 and _recovery_metric(snapshot)["0"] == 0.0
-    assert [p.text for p in card_problems(snapshot.gpus[3], "580.159.04")] == ["driver asks for bus reset"]
+    # the page shows the driver probe's result, not a rule of its own
+    shown = _shown(tmp_path, h200x8.clock, snapshot, report)
+    assert shown == {3: [Problem("bad", "driver: the driver asks for recovery action bus reset (raw 5)")]}
 
 
 def test_the_same_raw_value_on_r615_is_the_imex_domain(h200x8: Node) -> None:
@@ -160,14 +176,15 @@ def test_the_same_raw_value_on_r615_is_the_imex_domain(h200x8: Node) -> None:
     assert _recovery_metric(snapshot)["3"] == 5.0
 
 
-def test_a_value_the_branch_lacks_is_reported_as_unknown(h200x8: Node) -> None:
+def test_a_value_the_branch_lacks_is_reported_as_unknown(h200x8: Node, tmp_path: Path) -> None:
     h200x8.inject("recovery_action", 1, code=5)
     snapshot = _with_driver(h200x8.tick(), "590.48.01")
-    finding = only(DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0), "recovery_action_unknown")
+    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    finding = only(report, "recovery_action_unknown")
     assert (finding.severity, finding.action) == (Severity.WARNING, Action.NONE)
     assert "R590" in finding.message and "5" in finding.message
     assert _recovery_metric(snapshot)["1"] == -1.0
-    assert [p.level for p in card_problems(snapshot.gpus[1], "590.48.01")] == ["warn"]
+    assert _shown(tmp_path, h200x8.clock, snapshot, report) == {1: [Problem("warn", f"driver: {finding.message}")]}
 
 
 def test_r615_system_reboot_asks_for_a_reboot(h200x8: Node) -> None:
