@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon_process import DaemonProcess
+from tests.support.daemon_process import DaemonProcess, terminate
 from tests.support.kubelet_double import KubeletDouble
 from tests.support.paths import REPO
 
@@ -73,13 +72,7 @@ class PluginProcess:
 
     def stop(self) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._out.close()
         return self.proc.returncode
 

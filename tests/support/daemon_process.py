@@ -12,8 +12,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.support.ports import free_port
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 class DaemonProcess:
@@ -130,13 +142,7 @@ class DaemonProcess:
 
     def stop(self) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._log_file.close()
         return self.proc.returncode
 
