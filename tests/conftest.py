@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from exporter.backends.simulated import SimulatedBackend
 from tests.support.clock import FakeClock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests never assert wall-clock times, and hypothesis' deadline and too_slow check are wall-clock times: on a
+    loaded 2-core CI machine a trivial strategy once took 1.8 s to draw one example. The examples still run."""
+    settings.register_profile("no-timing", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("no-timing")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
