@@ -191,7 +191,7 @@ class Sampler:
             if self._opening is not None:  # an earlier open is still in the driver: wait for its answer
                 if not self._opening.outcome.done():
                     hung = access.lane("node").hung()
-                    stuck = f" after {self._monotonic() - hung.since:.0f}s" if hung else ""
+                    stuck = f" after {access.now() - hung.since:.0f}s" if hung else ""
                     self._backend_error = f"timeout: backend open has not returned{stuck}"
                     return False
                 opening, self._opening = self._opening, None
