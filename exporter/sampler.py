@@ -47,7 +47,9 @@ log = structlog.get_logger("sampler")
 @dataclass(frozen=True, slots=True)
 class SamplerConfig:
     interval_seconds: float = 5.0
-    call_deadline_seconds: float = 2.0  # used only when the sampler makes its own device-access layer
+    # the two deadlines serve only a raw backend (the sampler makes its own device-access layer); a GuardedBackend
+    # brings its own DeadlineSettings
+    call_deadline_seconds: float = 2.0
     open_deadline_seconds: float = 10.0
     pcie_throughput_interval_seconds: float = 30.0  # the 2 x 20 ms fallback, for cards whose GPM lacks PCIe rates
 
