@@ -34,7 +34,6 @@ from exporter.backends.types import (
     GpuProcess,
     MigInstance,
     PcieThroughput,
-    ProfilingMetric,
     SystemInfo,
     Unknown,
 )
@@ -262,8 +261,7 @@ class Sampler:
         for c in live:
             assert c.profiling_call is not None
             c.profiling = self._part(c, "profiling", c.profiling_call, None)
-            card = c.profiling.card if c.profiling is not None else None
-            if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
+            if c.profiling is not None and c.profiling.pcie_sample is not None:
                 self._pcie.pop(c.index, None)
                 continue
             read_at, _ = self._pcie.get(c.index, (None, None))
