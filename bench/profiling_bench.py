@@ -26,7 +26,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from bench.common import BenchArgs, Row, median
 from bench.scenarios import scaled
-from exporter.backends.errors import BackendError
 from exporter.backends.nvml.profiling import NvmlProfiling
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
@@ -76,11 +75,8 @@ def stub_gpm() -> Iterator[None]:
 def nvml_python_cost(reps: int) -> float:
     """CPU seconds of one ``NvmlProfiling.read`` (card only), driver calls stubbed."""
 
-    def fail(err: BaseException, call: str) -> BackendError:
-        return BackendError(f"{call}: {err}", call=call)
-
     clock = [0.0]
-    profiling = NvmlProfiling(fail, monotonic=lambda: clock[0])
+    profiling = NvmlProfiling(monotonic=lambda: clock[0])
     times = []
     with stub_gpm():
         profiling.read(0, None, ())

@@ -51,10 +51,6 @@ class _Subscriber(Generic[M]):
             self._slot = message
             self._cond.notify_all()
 
-    def idle(self) -> bool:
-        with self._cond:
-            return self._slot is None and not self._busy
-
     def wait_idle(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
         with self._cond:

@@ -46,12 +46,14 @@ class _Line(NamedTuple):
     text: str  # the whole line, for the value above
 
 
-class _Replay:
+class Replay:
+    """One collect()'s metric families, replayed as often as needed."""
+
     def __init__(self, families: Sequence[Metric]) -> None:
-        self._families = families
+        self.families = tuple(families)
 
     def collect(self) -> Iterable[Metric]:
-        return self._families
+        return self.families
 
 
 def _go_float(value: float) -> str:
@@ -88,7 +90,7 @@ class CachingEncoder:
             except Exception:  # a bug here must not cost the scrape: prometheus_client's encoder still can
                 log.exception("caching encoder failed; encoding with prometheus_client's")
                 self._lines, self._headers = {}, {}
-        return self._fallback(_Replay(families))
+        return self._fallback(Replay(families))
 
     def _encode(self, families: list[Metric]) -> bytes:
         old_lines, old_headers = self._lines, self._headers

@@ -1,7 +1,8 @@
 """A named executor with one daemon thread, for blocking I/O that must stay off the event loop.
 
-Each kind of slow work gets its own (the fault journal, the partition store, MPS control), so a slow disk or a
-stuck helper binary delays only its own kind, never another's, and never the default pool that asyncio shares.
+Each kind of slow work gets its own (the fault journal, the partition store, MPS control, the topology collection),
+so a slow disk or a stuck helper binary delays only its own kind, never another's, and never the default pool that
+asyncio shares.
 Its thread is a daemon thread and ``shutdown`` takes a timeout: unlike ``ThreadPoolExecutor``, whose threads the
 interpreter joins at exit, a stuck job can never hold up the process's exit.
 """

@@ -22,14 +22,13 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from exporter.encoding import CachingEncoder
+from exporter.encoding import CachingEncoder, Collectable, Replay
 
 HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its periods) is forgotten
 MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape
@@ -38,10 +37,6 @@ PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a for
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 
 Encoder = Callable[["_Families"], bytes]
-
-
-class Collectable(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +60,8 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
-class _Families:
-    """What the encoders read: one collect()'s metric families, replayed as often as needed."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self.families = tuple(families)
-
-    def collect(self) -> Iterable[Metric]:
-        return self.families
+class _Families(Replay):
+    """What the encoders read: one render's families, or a ``name[]`` selection of them."""
 
     def restricted(self, names: set[str]) -> _Families:
         """Only the samples whose name is in ``names`` (``name[]``: ``xpu_gpu_up``, ``xpu_gpu_energy_joules_total``,

@@ -19,7 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
-from exporter.exposition import Collectable, ExpositionCache
+from exporter.encoding import Collectable
+from exporter.exposition import ExpositionCache
 from exporter.webconfig import BasicAuthenticator, WebConfig
 
 log = structlog.get_logger("http")

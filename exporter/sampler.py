@@ -34,7 +34,6 @@ from exporter.backends.types import (
     GpuProcess,
     MigInstance,
     PcieThroughput,
-    ProfilingMetric,
     SystemInfo,
     Unknown,
 )
@@ -47,7 +46,9 @@ log = structlog.get_logger("sampler")
 @dataclass(frozen=True, slots=True)
 class SamplerConfig:
     interval_seconds: float = 5.0
-    call_deadline_seconds: float = 2.0  # used only when the sampler makes its own device-access layer
+    # the two deadlines serve only a raw backend (the sampler makes its own device-access layer); a GuardedBackend
+    # brings its own DeadlineSettings
+    call_deadline_seconds: float = 2.0
     open_deadline_seconds: float = 10.0
     pcie_throughput_interval_seconds: float = 30.0  # the 2 x 20 ms fallback, for cards whose GPM lacks PCIe rates
 
@@ -191,7 +192,7 @@ class Sampler:
             if self._opening is not None:  # an earlier open is still in the driver: wait for its answer
                 if not self._opening.outcome.done():
                     hung = access.lane("node").hung()
-                    stuck = f" after {self._monotonic() - hung.since:.0f}s" if hung else ""
+                    stuck = f" after {access.now() - hung.since:.0f}s" if hung else ""
                     self._backend_error = f"timeout: backend open has not returned{stuck}"
                     return False
                 opening, self._opening = self._opening, None
@@ -260,8 +261,7 @@ class Sampler:
         for c in live:
             assert c.profiling_call is not None
             c.profiling = self._part(c, "profiling", c.profiling_call, None)
-            card = c.profiling.card if c.profiling is not None else None
-            if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
+            if c.profiling is not None and c.profiling.pcie_sample is not None:
                 self._pcie.pop(c.index, None)
                 continue
             read_at, _ = self._pcie.get(c.index, (None, None))

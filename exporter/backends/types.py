@@ -322,6 +322,12 @@ class DeviceProfiling:
     encoder_utilization_ratio: float | Unsupported
     decoder_utilization_ratio: float | Unsupported
 
+    @property
+    def pcie_sample(self) -> ProfilingSample | None:
+        """The card's GPM sample where it gives PCIe rates; None where the slow PCIe fallback must serve instead."""
+        card = self.card
+        return card if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics else None
+
 
 @dataclass(frozen=True, slots=True)
 class PcieThroughput:

@@ -212,10 +212,10 @@ def _sample(gpu: GpuSnapshot) -> DeviceSample:
 def pcie_rates(gpu: GpuSnapshot) -> tuple[float | None, float | None, str]:
     """(transmit, receive) bytes per second and where they come from: GPM's average over the last interval, else
     the driver's 20 ms window read on a slower cadence; ``(None, None, "")`` when neither answered."""
-    card = gpu.profiling.card if gpu.profiling is not None else None
-    if card is not None and ProfilingMetric.PCIE_TX_BYTES_PER_SECOND in card.metrics:
-        tx = card.metrics.get(ProfilingMetric.PCIE_TX_BYTES_PER_SECOND)
-        return tx, card.metrics.get(ProfilingMetric.PCIE_RX_BYTES_PER_SECOND), "gpm"
+    gpm = gpu.profiling.pcie_sample if gpu.profiling is not None else None
+    if gpm is not None:
+        tx = gpm.metrics.get(ProfilingMetric.PCIE_TX_BYTES_PER_SECOND)
+        return tx, gpm.metrics.get(ProfilingMetric.PCIE_RX_BYTES_PER_SECOND), "gpm"
     window = gpu.pcie_throughput
     if window is None:
         return None, None, ""

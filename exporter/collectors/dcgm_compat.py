@@ -208,7 +208,7 @@ class DcgmCompatCollector:
         if hostname_label not in HOSTNAME_LABELS:
             raise ValueError(f"hostname_label must be one of {', '.join(HOSTNAME_LABELS)}, got {hostname_label!r}")
         self._hostname = hostname
-        self._hostname_label = hostname_label
+        self._label_names = tuple(hostname_label if n == "{hostname}" else n for n in BASE_LABELS)
         self._last_xid = last_xid
         self._attribution = attribution
 
@@ -223,9 +223,8 @@ class DcgmCompatCollector:
         minor = info.minor_number
         device = f"nvidia{minor}" if isinstance(minor, int) else f"nvidia{gpu.index}"
         driver = snapshot.system.driver_version if snapshot.system else ""
-        names = [self._hostname_label if n == "{hostname}" else n for n in BASE_LABELS]
         values = (str(gpu.index), info.uuid, device, info.name, self._hostname, info.pci_bus_id, driver)
-        return dict(zip(names, values, strict=True))
+        return dict(zip(self._label_names, values, strict=True))
 
     @staticmethod
     def _with_pods(base: Labels, holders: list[Pod]) -> list[Labels]:
@@ -238,10 +237,11 @@ class DcgmCompatCollector:
     def _families(self, snapshot: Snapshot) -> Iterator[Metric]:
         gpus = [g for g in snapshot.gpus if g.info is not None and g.fresh and g.sample is not None]
         pods = _pods(self._attribution() if self._attribution is not None else None)
-        card = {g.index: self._with_pods(self._labels(snapshot, g), pods.get((g.index, ""), [])) for g in gpus}
+        base = {g.index: self._labels(snapshot, g) for g in gpus}
+        card = {g.index: self._with_pods(base[g.index], pods.get((g.index, ""), [])) for g in gpus}
         mig = {
             (g.index, m.gpu_instance_id): self._with_pods(
-                {**self._labels(snapshot, g), "GPU_I_PROFILE": m.profile_name, "GPU_I_ID": str(m.gpu_instance_id)},
+                {**base[g.index], "GPU_I_PROFILE": m.profile_name, "GPU_I_ID": str(m.gpu_instance_id)},
                 pods.get((g.index, str(m.gpu_instance_id)), []),
             )
             for g in gpus

@@ -17,8 +17,6 @@ from exporter.attribution.attributor import Attribution
 from exporter.collectors.base import NoDataError
 from exporter.snapshot import Snapshot
 
-POD_LABELS = ("namespace", "pod", "container", "uuid")  # and gpu_instance_id on a MIG device
-
 
 def pod_labels(namespace: str, pod: str, container: str, uuid: str, gpu_instance_id: str) -> dict[str, str]:
     labels = {"namespace": namespace, "pod": pod, "container": container, "uuid": uuid}

@@ -83,7 +83,7 @@ class ProcessCollector:
                     sm.add_sample(sm.name, labels, p.sm_utilization_ratio)
             folded.add_metric([str(gpu), uuid], float(len(rest)))
             if rest:
-                labels = {"uuid": uuid, "pid": "", "process": OTHER, "namespace": "", "pod": "", "container": ""}
+                labels = {**dict.fromkeys(PROCESS_LABELS, ""), "uuid": uuid, "process": OTHER}
                 mem_known = [p.used_memory_bytes for p in rest if p.used_memory_bytes is not None]
                 sm_known = [p.sm_utilization_ratio for p in rest if p.sm_utilization_ratio is not None]
                 if mem_known:

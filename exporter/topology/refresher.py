@@ -23,6 +23,7 @@ from exporter.backends.errors import BackendError
 from exporter.backends.guarded import GuardedBackend
 from exporter.backends.lanes import CallTimeoutError, CardHungError, Pending
 from exporter.backends.types import UNSUPPORTED
+from exporter.executor import SerialExecutor
 from exporter.snapshot import Snapshot
 from exporter.topology.discover import GpuIdentity, read_topology
 from exporter.topology.model import Topology
@@ -69,6 +70,8 @@ class TopologyRefresher:
         self._last_error: str | None = None
         self._last_success: float | None = None
         self._collecting: Future[Topology] | None = None
+        # one collection at a time, on a daemon thread: a stuck sysfs read must not hold up the daemon's exit
+        self._collector = SerialExecutor("topology-collect")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,7 +94,7 @@ class TopologyRefresher:
             self._attempts += 1
             if self._collecting is None or self._collecting.done():
                 missing = tuple(g.index for g in snap.gpus if g.info is None)
-                self._collecting = self._start_collection(identities, missing)
+                self._collecting = self._collector.submit(self._collect, identities, missing)
             future = self._collecting
         try:
             topology = future.result(timeout=self.config.deadline_seconds)
@@ -124,6 +127,7 @@ class TopologyRefresher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._collector.shutdown(wait=False)  # a collection still in the driver is left to finish on its own
 
     def _run(self, first_wait: Callable[[float], bool] | None) -> None:
         if first_wait is not None:
@@ -142,21 +146,6 @@ class TopologyRefresher:
             self._last_error = message
         if changed:
             log.warning("topology not collected", error=message)
-
-    def _start_collection(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...]) -> Future[Topology]:
-        """One collection on its own (daemon) thread: a stuck sysfs read must not hold up the daemon's exit."""
-        future: Future[Topology] = Future()
-
-        def collect() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(self._collect(identities, missing))
-            except BaseException as exc:  # handed to refresh(), which reports it
-                future.set_exception(exc)
-
-        threading.Thread(target=collect, name="topology-collect", daemon=True).start()
-        return future
 
     def _collect(self, identities: tuple[GpuIdentity, ...], missing: tuple[int, ...] = ()) -> Topology:
         warnings = [f"GPU {i}: inventory not known yet (driver calls not answered); left out" for i in missing]

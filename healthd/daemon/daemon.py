@@ -80,10 +80,11 @@ class Daemon:
             parts.append(self.partitions)
         parts.append(SimulationComponent(self.backend))
         s = config.sampler
+        access = self.device.device.access
         self.node = NodeHealth(
             sampler.latest,
-            self.device.device.access,
-            stale_after(s.interval_seconds, s.call_deadline_seconds, sampler.config.open_deadline_seconds),
+            access,
+            stale_after(s.interval_seconds, access.deadlines.read_seconds, access.deadlines.open_seconds),
             backlogs=self._backlogs,
         )
         self.status_providers = status_providers(

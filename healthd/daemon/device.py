@@ -43,7 +43,7 @@ class DeviceComponent:
             read_seconds=settings.call_deadline_seconds, change_seconds=settings.change_deadline_seconds
         )
         self.device = GuardedBackend(DeviceAccess(backend, deadlines))  # the only way to the driver
-        self.sampler = Sampler(self.device, SamplerConfig(settings.interval_seconds, settings.call_deadline_seconds))
+        self.sampler = Sampler(self.device, SamplerConfig(settings.interval_seconds))
 
     def collectors(self) -> Sequence[Collector]:
         return ()

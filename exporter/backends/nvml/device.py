@@ -96,12 +96,9 @@ class NvmlBackend:
             count=lambda: self._count,
             handle=self._handle,
             uuid=lambda index: self.device_info(index).uuid,
-            call=call,
-            optional=optional,
-            translate=translate,
             retry_seconds=event_retry_seconds,  # how often a card that could not be registered is tried again
         )
-        self._profiling = NvmlProfiling(translate, monotonic)  # GPM samples per card and MIG instance
+        self._profiling = NvmlProfiling(monotonic)  # GPM samples per card and MIG instance
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -247,7 +244,7 @@ class NvmlBackend:
         values = fields.read_fields(h, self._field_request(index))
 
         def field(fid: int) -> int | float | Unsupported:
-            return values.get((fid, 0), UNSUPPORTED)  # a card-scoped field (scopeId 0)
+            return fields.device_field(values, fid)
 
         used, free, reserved = self._memory(h)
         util = optional("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, h)

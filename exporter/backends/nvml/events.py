@@ -25,6 +25,7 @@ import pynvml
 import structlog
 
 from exporter.backends.errors import BackendError
+from exporter.backends.nvml.calls import call, error_code, optional, translate
 from exporter.backends.types import DeviceEvent, EventKind, Unsupported
 
 log = structlog.get_logger("nvml.events")
@@ -34,11 +35,6 @@ EVENT_MASK: Final = (
 )
 _NO_INSTANCE: Final = 0xFFFFFFFF  # nvmlEventData_t gpuInstanceId / computeInstanceId of a whole-card event
 _DRAIN_LIMIT: Final = 256  # events taken from a set being replaced (far more than a set queues between waits)
-
-# Supplied by the backend, so that errors are translated in one place: (call name, fn, *args) -> result, raising
-# BackendError; the optional form returns UNSUPPORTED for NotSupported; translate(err, call) -> BackendError.
-Call = Callable[..., Any]
-Translate = Callable[[BaseException, str], BackendError]
 
 
 def handle_key(handle: Any) -> int | None:
@@ -52,9 +48,6 @@ class EventSet:
         count: Callable[[], int],
         handle: Callable[[int], Any],
         uuid: Callable[[int], str],
-        call: Call,
-        optional: Call,
-        translate: Translate,
         *,
         retry_seconds: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
@@ -63,9 +56,6 @@ class EventSet:
         self._count = count
         self._handle = handle
         self._uuid = uuid
-        self._call = call
-        self._optional = optional
-        self._translate = translate
         self._retry_seconds = retry_seconds
         self._monotonic = monotonic
         self._clock = clock
@@ -112,7 +102,7 @@ class EventSet:
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._set, remaining_ms)
             except pynvml.NVMLError as err:
-                code = getattr(err, "value", None)
+                code = error_code(err)
                 if code == pynvml.NVML_ERROR_TIMEOUT:
                     self._fresh = False
                     return None
@@ -121,10 +111,10 @@ class EventSet:
                     # this already and still lost raises (the caller backs off) and is rebuilt on the next call.
                     self.rebuild("a card in the event set is lost")
                     if self._fresh:
-                        raise self._translate(err, "nvmlEventSetWait_v2") from err
+                        raise translate(err, "nvmlEventSetWait_v2") from err
                     self._prepare()
                     return self._pending.popleft() if self._pending else None
-                raise self._translate(err, "nvmlEventSetWait_v2") from err
+                raise translate(err, "nvmlEventSetWait_v2") from err
             self._fresh = False
             event = self._to_event(data)
             if event is not None or remaining_ms == 0:
@@ -162,7 +152,7 @@ class EventSet:
                 pynvml.nvmlEventSetFree(old)
             self._set = None
         self._gpus, self._missing = {}, set()
-        self._set = self._call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
+        self._set = call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
         for index in range(self._count()):
             self._register(index)
         if not self._gpus and not self._missing:  # no card has these events: nothing to wait on, ever
@@ -190,11 +180,11 @@ class EventSet:
         """Register one card's XID/ECC events in the live set; a card that fails now is retried later."""
         try:
             h = self._handle(index)
-            supported = self._optional("nvmlDeviceGetSupportedEventTypes", pynvml.nvmlDeviceGetSupportedEventTypes, h)
+            supported = optional("nvmlDeviceGetSupportedEventTypes", pynvml.nvmlDeviceGetSupportedEventTypes, h)
             mask = EVENT_MASK if isinstance(supported, Unsupported) else EVENT_MASK & int(supported)
             if not mask:
                 return  # the card has none of these events
-            ok = self._optional("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, h, mask, self._set)
+            ok = optional("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, h, mask, self._set)
         except BackendError as err:
             self._missing.add(index)
             if index not in self._warned:  # once per outage, not on every retry
@@ -233,7 +223,7 @@ class EventSet:
         # with what is known (the watcher then names the card by index, or by nothing).
         with contextlib.suppress(BackendError):
             if index < 0:
-                index = int(self._call("nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, data.device))
+                index = int(call("nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, data.device))
             uuid = self._uuid(index)
         gi, ci = _instance_id(data, "gpuInstanceId"), _instance_id(data, "computeInstanceId")
         return DeviceEvent(

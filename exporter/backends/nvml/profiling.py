@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import pynvml
 
 from exporter.backends.errors import BackendError
+from exporter.backends.nvml.calls import UNSUPPORTED_CODES, call, error_code, optional, ratio, scaled, translate
 from exporter.backends.types import (
     UNSUPPORTED,
     DeviceProfiling,
@@ -36,13 +37,8 @@ from exporter.backends.types import (
     Unsupported,
 )
 
-T = TypeVar("T")
-Translate = Callable[[BaseException, str], BackendError]
-
 MIN_INTERVAL_SECONDS: Final = 0.1  # nvml.h: two GPM samples closer than this give unreliable metrics
 _MIB: Final = float(1 << 20)
-_KIB: Final = 1024.0
-_NOT_SUPPORTED: Final = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 _INSTANCE_GONE: Final = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 
 # NVML_GPM_METRIC_* ids (nvml.h); ratios come as percent, rates as MiB/s.
@@ -85,11 +81,6 @@ _get = ctypes.Structure.__getattribute__  # the field accessors, without pynvml'
 _set = ctypes.Structure.__setattr__
 
 
-def _code(err: BaseException) -> int | None:
-    value = getattr(err, "value", None)
-    return value if isinstance(value, int) else None
-
-
 @dataclass
 class _Bracket:
     """The sample that opens the next interval of one card or GPU instance, and a spare buffer for the next."""
@@ -101,10 +92,10 @@ class _Bracket:
 
 
 class NvmlProfiling:
-    """GPM state and readings for :class:`exporter.backends.nvml.NvmlBackend` (which owns handles and errors)."""
+    """GPM state and readings for :class:`exporter.backends.nvml.NvmlBackend` (which owns the handles); NVML errors
+    are translated by ``calls.py``."""
 
-    def __init__(self, translate: Translate, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._translate = translate
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._lock = threading.Lock()  # guards the dictionaries only, never held across an NVML call
         self._support: dict[int, bool] = {}
@@ -144,8 +135,8 @@ class NvmlProfiling:
         tx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         rx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         return PcieThroughput(
-            tx_bytes_per_second=UNSUPPORTED if isinstance(tx, Unsupported) else float(tx) * _KIB,
-            rx_bytes_per_second=UNSUPPORTED if isinstance(rx, Unsupported) else float(rx) * _KIB,
+            tx_bytes_per_second=scaled(tx, 1024),
+            rx_bytes_per_second=scaled(rx, 1024),
             measured_at=clock(),
         )
 
@@ -175,9 +166,9 @@ class NvmlProfiling:
             bracket = self._brackets.get(key)
         if bracket is not None:
             return bracket
-        opening = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+        opening = call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
         try:
-            spare = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+            spare = call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
         except BackendError:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlGpmSampleFree(opening)
@@ -203,12 +194,12 @@ class NvmlProfiling:
             else:
                 pynvml.nvmlGpmMigSampleGet(handle, gi, bracket.spare)
         except pynvml.NVMLError as err:
-            if _code(err) in _NOT_SUPPORTED:
+            if error_code(err) in UNSUPPORTED_CODES:
                 bracket.supported = False  # e.g. card-level GPM while MIG is on: ask the instances only
                 return None
-            if gi >= 0 and _code(err) in _INSTANCE_GONE:
+            if gi >= 0 and error_code(err) in _INSTANCE_GONE:
                 return None  # destroyed since it was listed; the next listing drops it
-            raise self._translate(err, "nvmlGpmMigSampleGet" if gi >= 0 else "nvmlGpmSampleGet") from err
+            raise translate(err, "nvmlGpmMigSampleGet" if gi >= 0 else "nvmlGpmSampleGet") from err
         opened_at = bracket.opened_at
         bracket.opening, bracket.spare, bracket.opened_at = bracket.spare, bracket.opening, now
         if opened_at is None:
@@ -217,7 +208,7 @@ class NvmlProfiling:
         wanted = [*ids, *(_ENGINE_METRICS if engines else ())]
         values = self._metrics(bracket.spare, bracket.opening, wanted)
         metrics = {ids[mid]: _convert(ids[mid], v) for mid, v in values.items() if mid in ids}
-        busy = {_ENGINE_METRICS[mid]: _clamp(v / 100.0) for mid, v in values.items() if mid in _ENGINE_METRICS}
+        busy = {_ENGINE_METRICS[mid]: ratio(v) for mid, v in values.items() if mid in _ENGINE_METRICS}
         return ProfilingSample(
             interval_seconds=now - opened_at, metrics=MappingProxyType(metrics), engines=MappingProxyType(busy)
         )
@@ -235,7 +226,7 @@ class NvmlProfiling:
         request.sample1, request.sample2 = older, newer
         for slot, mid in enumerate(ids):
             _set(slots[slot], "metricId", mid)
-        self._call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
+        call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
         out: dict[int, float] = {}
         for slot in range(len(ids)):
             metric = slots[slot]
@@ -260,39 +251,23 @@ class NvmlProfiling:
 
     # --- encoder / decoder ----------------------------------------------------------------------------------
 
-    def _codec(self, call: str, handle: Any) -> float | Unsupported:
-        answer = self._optional(call, handle)
+    def _codec(self, name: str, handle: Any) -> float | Unsupported:
+        answer = self._optional(name, handle)
         if isinstance(answer, Unsupported):
             return UNSUPPORTED
-        return _clamp(float(answer[0]) / 100.0)  # [utilization percent, sampling period us]
+        return ratio(answer[0])  # [utilization percent, sampling period us]
 
     # --- plumbing -------------------------------------------------------------------------------------------
 
-    def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return fn(*args)
-        except pynvml.NVMLError as err:
-            raise self._translate(err, call) from err
-
-    def _optional(self, call: str, *args: Any) -> Any:
-        fn = getattr(pynvml, call, None)
-        if fn is None:  # an older nvidia-ml-py without this wrapper
-            return UNSUPPORTED
-        try:
-            return fn(*args)
-        except pynvml.NVMLError as err:
-            if _code(err) in _NOT_SUPPORTED:
-                return UNSUPPORTED
-            raise self._translate(err, call) from err
-
-
-def _clamp(ratio: float) -> float:
-    return min(max(ratio, 0.0), 1.0)
+    @staticmethod
+    def _optional(name: str, *args: Any) -> Any:
+        fn = getattr(pynvml, name, None)  # looked up per call: an older nvidia-ml-py may lack the wrapper
+        return UNSUPPORTED if fn is None else optional(name, fn, *args)
 
 
 def _convert(metric: ProfilingMetric, value: float) -> float:
     """Percent -> ratio 0-1; MiB/s -> bytes/s (never negative)."""
-    return max(value, 0.0) * _MIB if metric.is_rate else _clamp(value / 100.0)
+    return max(value, 0.0) * _MIB if metric.is_rate else ratio(value)
 
 
 __all__ = ["MIN_INTERVAL_SECONDS", "NvmlProfiling"]
