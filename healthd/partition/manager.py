@@ -110,7 +110,7 @@ class PartitionManager(PartitionCreation):
         async with self._card_locks[gpu]:
             current = self._modes[gpu]
             if mode is current and (policy is None or self._sharing.get(gpu) is policy):
-                return self._capacity(gpu)
+                return self._capacity(gpu, room=True)
             on_card = [r for r in self._records.values() if r.gpu == gpu]
             if on_card:
                 change = "mode" if mode is not current else "TDM sharing"
@@ -142,7 +142,7 @@ class PartitionManager(PartitionCreation):
                 self._sharing[gpu] = policy
             self._publish()
             log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current), sharing=str(policy or ""))
-            return self._capacity(gpu)
+            return self._capacity(gpu, room=True)
 
     # ----- delete, leases, reclaim -------------------------------------------------------------------------
 
