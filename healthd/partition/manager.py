@@ -270,8 +270,6 @@ class PartitionManager(PartitionCreation):
                 raise precondition(f"partition {partition_id} is {record.state}; only a ready partition changes owner")
             expires = record.lease_expires_at if owner.kind is OwnerKind.LEASE else 0.0
             record = replace(record, owner=owner, lease_expires_at=expires)
-            await self._store(self.store.set_owner, record)
-            self._records[record.id] = record
-            self._publish()
+            await self._save(record)
             log.info("partition owner changed", partition=record.id, owner=owner.describe())
             return record
