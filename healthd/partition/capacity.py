@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile
 from healthd.partition import planner
 from healthd.partition.model import CardMode, PartitionRecord
-from healthd.partition.planner import Occupied
 
 MIB = 2**20
 
@@ -65,16 +64,8 @@ def card_capacity(
         slices_free = planner.card_memory_slices(profiles) - len(used_slices)
         compute = sms * 100 // total_sm if total_sm else 0
         if room:
-            slice_count = {p.profile_id: p.slice_count for p in profiles}
-            occupied = [
-                Occupied(r.mig.profile_id, r.mig.placement_start, r.mig.placement_size, slice_count[r.mig.profile_id])
-                for r in ours
-                if r.mig and r.mig.profile_id in slice_count
-            ] + [
-                Occupied(i.profile_id, i.placement_start, i.placement_size, slice_count.get(i.profile_id, 0))
-                for i in foreign
-            ]
-            mig_room = planner.profile_room(profiles, occupied)
+            ours_placed = [r.mig for r in ours if r.mig and r.mig.profile_id in by_id]  # unknown profile: skipped
+            mig_room = planner.profile_room(profiles, planner.occupied(profiles, [*ours_placed, *foreign]))
     else:
         compute = sum(r.compute_percent for r in ours)
         memory = sum(r.memory_mib for r in ours)
