@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile
 from healthd.partition import planner
 from healthd.partition.model import CardMode, PartitionRecord
-
-MIB = 2**20
+from healthd.partition.quantity import MIB
 
 
 @dataclass(frozen=True, slots=True)

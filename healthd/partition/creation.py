@@ -11,7 +11,6 @@ from typing import Any
 import structlog
 
 from healthd.partition import planner
-from healthd.partition.capacity import MIB
 from healthd.partition.device_calls import driver, placement_of
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, precondition, unavailable
 from healthd.partition.ledger import PartitionLedger
@@ -19,6 +18,7 @@ from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, Pa
 from healthd.partition.mps import MpsError
 from healthd.partition.owners import process_start_ticks
 from healthd.partition.planner import Quota
+from healthd.partition.quantity import MIB
 
 __all__ = ["CreateRequest", "PartitionCreation"]
 
