@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile
 from healthd.partition import planner
 from healthd.partition.model import CardMode, PartitionRecord
-from healthd.partition.planner import Occupied
-
-MIB = 2**20
+from healthd.partition.quantity import MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +24,7 @@ class CardCapacity:
     foreign: tuple[MigInstance, ...]
     hardware_mig: bool
     sharing: str = ""  # TDM sharing policy of a TDM card
-    mig_room: tuple[tuple[MigProfile, int], ...] = ()  # MIG mode: (profile, how many more fit now)
+    mig_room: tuple[tuple[MigProfile, int], ...] = ()  # MIG mode, with room=True: (profile, how many more fit now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +43,12 @@ def card_capacity(
     foreign: tuple[MigInstance, ...],
     hardware_mig: bool,
     sharing: str = "",
+    *,
+    room: bool = False,
 ) -> CardCapacity:
+    """``room``: also work out ``mig_room`` (the placement search is the costly part; only capacity replies read it)."""
     total_mib = info.memory_total_bytes // MIB
+    mig_room: Sequence[tuple[MigProfile, int]] = ()
     if mode is CardMode.MIG and profiles:
         by_id = {p.profile_id: p for p in profiles}
         total_sm = planner.card_sm_count(profiles)
@@ -60,21 +62,13 @@ def card_capacity(
         }
         slices_free = planner.card_memory_slices(profiles) - len(used_slices)
         compute = sms * 100 // total_sm if total_sm else 0
-        slice_count = {p.profile_id: p.slice_count for p in profiles}
-        occupied = [
-            Occupied(r.mig.profile_id, r.mig.placement_start, r.mig.placement_size, slice_count[r.mig.profile_id])
-            for r in ours
-            if r.mig and r.mig.profile_id in slice_count
-        ] + [
-            Occupied(i.profile_id, i.placement_start, i.placement_size, slice_count.get(i.profile_id, 0))
-            for i in foreign
-        ]
-        room = planner.profile_room(profiles, occupied)
+        if room:
+            ours_placed = [r.mig for r in ours if r.mig and r.mig.profile_id in by_id]  # unknown profile: skipped
+            mig_room = planner.profile_room(profiles, planner.occupied(profiles, [*ours_placed, *foreign]))
     else:
         compute = sum(r.compute_percent for r in ours)
         memory = sum(r.memory_mib for r in ours)
         slices_free = 0
-        room = ()
     return CardCapacity(
         gpu=info.index,
         gpu_uuid=info.uuid,
@@ -87,5 +81,5 @@ def card_capacity(
         foreign=foreign,
         hardware_mig=hardware_mig,
         sharing=sharing if mode is CardMode.TDM else "",
-        mig_room=tuple(room),
+        mig_room=tuple(mig_room),
     )

@@ -74,9 +74,7 @@ def minimum_version(spec: dict[str, Any]) -> str:
     return EARLIEST_VERSION
 
 
-def _node_json(node: DeviceNode | str) -> dict[str, Any]:
-    if isinstance(node, str):
-        return {"path": node}
+def _node_json(node: DeviceNode) -> dict[str, Any]:
     out: dict[str, Any] = {"path": node.path}
     if node.major is not None:
         out["type"] = node.type

@@ -11,14 +11,14 @@ from typing import Any
 import structlog
 
 from healthd.partition import planner
-from healthd.partition.capacity import MIB
-from healthd.partition.device_calls import compute_slices, driver, placement_of
+from healthd.partition.device_calls import driver, placement_of
 from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, precondition, unavailable
 from healthd.partition.ledger import PartitionLedger
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsError
 from healthd.partition.owners import process_start_ticks
-from healthd.partition.planner import Occupied, Quota
+from healthd.partition.planner import Quota
+from healthd.partition.quantity import MIB
 
 __all__ = ["CreateRequest", "PartitionCreation"]
 
@@ -194,19 +194,16 @@ class PartitionCreation(PartitionLedger):
     async def _start_mig(self, gpu: int, record: PartitionRecord, quota: Quota) -> PartitionRecord:
         instances = await self._refresh_foreign(gpu)
         profiles = self._profiles[gpu]
-        occupied = [
-            Occupied(i.profile_id, i.placement_start, i.placement_size, compute_slices(profiles, i)) for i in instances
-        ]
         # creates that passed their deadline may still make their instance: their placement stays taken
-        slices = {p.profile_id: p.slice_count for p in profiles}
-        occupied += [
-            Occupied(r.mig.profile_id, r.mig.placement_start, r.mig.placement_size, slices.get(r.mig.profile_id, 0))
+        in_flight = [
+            r.mig
             for r in self._records.values()
             if r.gpu == gpu
             and r.mig is not None
             and not r.mig.uuid
             and not any(i.placement_start == r.mig.placement_start for i in instances)
         ]
+        occupied = planner.occupied(profiles, [*instances, *in_flight])
         choice = planner.choose_mig(self._profiles[gpu], occupied, quota)
         record = replace(
             record, mig=MigPlacement(choice.profile.profile_id, choice.profile.name, choice.start, choice.size)

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from exporter.backends.errors import BackendError, InsufficientResourcesError, InUseError
 from exporter.backends.lanes import CallTimeoutError, CardHungError
-from exporter.backends.types import MigInstance, MigProfile
+from exporter.backends.types import MigInstance
 from healthd.partition.errors import Kind, PartitionError, exhausted, not_found, unavailable
 from healthd.partition.model import MigPlacement
 
@@ -65,7 +65,3 @@ def placement_of(inst: MigInstance) -> MigPlacement:
         compute_instance_id=inst.compute_instance_id,
         uuid=inst.uuid,
     )
-
-
-def compute_slices(profiles: Sequence[MigProfile], inst: MigInstance) -> int:
-    return {p.profile_id: p.slice_count for p in profiles}.get(inst.profile_id, 0)

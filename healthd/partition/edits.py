@@ -29,11 +29,9 @@ class Hook:
 
 @dataclass(frozen=True, slots=True)
 class ContainerEdits:
-    """A device node given as a plain path is listed by path only (the runtime stats the host node)."""
-
     env: dict[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
-    device_nodes: tuple[DeviceNode | str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
     hooks: tuple[Hook, ...] = ()
 
 
@@ -59,7 +57,3 @@ def container_edits(
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_memory(record.memory_mib)}"
     mounts = (Mount(str(pipe_dir), str(pipe_dir)), Mount("/dev/shm", "/dev/shm"))
     return ContainerEdits(env=env, mounts=mounts, device_nodes=devices.card_nodes(gpu_minor))
-
-
-def node_path(node: DeviceNode | str) -> str:
-    return node if isinstance(node, str) else node.path

@@ -194,8 +194,8 @@ class PartitionLedger:
 
     def capacity(self, gpu_ref: str = "") -> list[CardCapacity]:
         if gpu_ref:
-            return [self._capacity(self.resolve_gpu(gpu_ref))]
-        return [self._capacity(i) for i in range(len(self._infos))]
+            return [self._capacity(self.resolve_gpu(gpu_ref), room=True)]
+        return [self._capacity(i, room=True) for i in range(len(self._infos))]
 
     def view(self) -> View:
         """The last published picture; safe to read from any thread (metrics scrapes run in the HTTP thread)."""
@@ -220,7 +220,8 @@ class PartitionLedger:
     def cdi_name(self, record: PartitionRecord) -> str:
         return device_name(record.id)
 
-    def _capacity(self, gpu: int) -> CardCapacity:
+    def _capacity(self, gpu: int, *, room: bool = False) -> CardCapacity:
+        """``room``: with ``mig_room``, which only capacity replies read (the published view goes without it)."""
         return card_capacity(
             self._infos[gpu],
             [r for r in self._records.values() if r.gpu == gpu],
@@ -229,6 +230,7 @@ class PartitionLedger:
             self._foreign.get(gpu, ()),
             self._hw_mig.get(gpu, False),
             str(self._sharing.get(gpu, "")),
+            room=room,
         )
 
     # ----- helpers -----------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class PartitionManager(PartitionCreation):
         async with self._card_locks[gpu]:
             current = self._modes[gpu]
             if mode is current and (policy is None or self._sharing.get(gpu) is policy):
-                return self._capacity(gpu)
+                return self._capacity(gpu, room=True)
             on_card = [r for r in self._records.values() if r.gpu == gpu]
             if on_card:
                 change = "mode" if mode is not current else "TDM sharing"
@@ -142,7 +142,7 @@ class PartitionManager(PartitionCreation):
                 self._sharing[gpu] = policy
             self._publish()
             log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current), sharing=str(policy or ""))
-            return self._capacity(gpu)
+            return self._capacity(gpu, room=True)
 
     # ----- delete, leases, reclaim -------------------------------------------------------------------------
 
@@ -270,8 +270,6 @@ class PartitionManager(PartitionCreation):
                 raise precondition(f"partition {partition_id} is {record.state}; only a ready partition changes owner")
             expires = record.lease_expires_at if owner.kind is OwnerKind.LEASE else 0.0
             record = replace(record, owner=owner, lease_expires_at=expires)
-            await self._store(self.store.set_owner, record)
-            self._records[record.id] = record
-            self._publish()
+            await self._save(record)
             log.info("partition owner changed", partition=record.id, owner=owner.describe())
             return record

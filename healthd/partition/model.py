@@ -29,8 +29,8 @@ class State(enum.StrEnum):
     DELETING = "deleting"  # delete started; the GPU side is being torn down (retried until it is gone)
 
 
-_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)  # used with fullmatch: "$" would let a "\n" through
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)  # used with fullmatch: "$" would let a "\n" through
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
 _RESOURCE_NAME = re.compile(  # a Kubernetes extended resource name: domain/name
     r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII
 )
@@ -73,7 +73,7 @@ class Owner:
                 raise invalid("kubelet_device.device_id: expected 1-256 printable characters")
         match self.kind:
             case OwnerKind.CONTAINER:
-                if not _CONTAINER_ID.fullmatch(self.container_id):
+                if not CONTAINER_ID.fullmatch(self.container_id):
                     got = quote(self.container_id)
                     raise invalid(f"owner.container.id: expected 12-64 lowercase hex digits, got {got}")
                 if self.cgroup_path and (".." in self.cgroup_path.split("/") or "\0" in self.cgroup_path):
@@ -81,7 +81,7 @@ class Owner:
                     raise invalid(f"owner.container.cgroup_path: must stay under the cgroup root: {got}")
             case OwnerKind.POD:
                 for name, value in (("namespace", self.namespace), ("name", self.pod), ("container", self.container)):
-                    if not _DNS_LABEL.fullmatch(value):
+                    if not DNS_SUBDOMAIN.fullmatch(value):
                         raise invalid(f"owner.pod.{name}: expected a Kubernetes name, got {quote(value)}")
             case OwnerKind.PROCESS:
                 if self.pid <= 0:

@@ -73,12 +73,12 @@ class NvidiaMpsControl:
     def _env(self, spec: MpsDaemonSpec) -> dict[str, str]:
         return {**os.environ, **spec.env()}
 
-    def _invoke(self, spec: MpsDaemonSpec, args: list[str], what: str, stdin: str | None = None) -> str:
-        """Run the control binary for ``spec``; any failure is an MpsError naming ``what`` was asked."""
+    def command(self, spec: MpsDaemonSpec, text: str) -> str:
+        """Send ``text`` to the control daemon of ``spec``; any failure is an MpsError naming what was asked."""
         try:
             done = self._run(
-                [self._binary, *args],
-                input=stdin,
+                [self._binary],
+                input=text + "\n",
                 env=self._env(spec),
                 capture_output=True,
                 text=True,
@@ -86,14 +86,11 @@ class NvidiaMpsControl:
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MpsError(f"{self._binary} {what}: {exc}") from exc
+            raise MpsError(f"{self._binary} {text!r}: {exc}") from exc
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip()
-            raise MpsError(f"{self._binary} {what} failed ({done.returncode}): {detail}")
+            raise MpsError(f"{self._binary} {text!r} failed ({done.returncode}): {detail}")
         return str(done.stdout).strip()
-
-    def command(self, spec: MpsDaemonSpec, text: str) -> str:
-        return self._invoke(spec, [], repr(text), stdin=text + "\n")
 
     def start(self, spec: MpsDaemonSpec) -> None:
         _private_dirs(spec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from exporter.backends.types import MigProfile
 from healthd.partition.errors import PartitionError, exhausted, invalid
@@ -45,6 +46,25 @@ class Occupied:
     @property
     def slices(self) -> range:
         return range(self.start, self.start + self.size)
+
+
+class Placed(Protocol):
+    """A MIG instance, or the placement of one: MigInstance and MigPlacement both are."""
+
+    @property
+    def profile_id(self) -> int: ...
+    @property
+    def placement_start(self) -> int: ...
+    @property
+    def placement_size(self) -> int: ...
+
+
+def occupied(profiles: Sequence[MigProfile], placed: Iterable[Placed]) -> list[Occupied]:
+    """The instances on a card as Occupied; compute slices from their profile (0 for one not in ``profiles``)."""
+    slice_count = {p.profile_id: p.slice_count for p in profiles}
+    return [
+        Occupied(i.profile_id, i.placement_start, i.placement_size, slice_count.get(i.profile_id, 0)) for i in placed
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +212,7 @@ __all__ = [
     "choose_mig",
     "covers",
     "feasible_starts",
+    "occupied",
     "pick_card",
     "profile_room",
     "topology_aware",

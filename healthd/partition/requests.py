@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.model import Owner, OwnerKind
+from healthd.partition.model import CONTAINER_ID, DNS_SUBDOMAIN, Owner, OwnerKind
 from healthd.partition.quantity import check_compute_percent, parse_memory_mib
 from healthd.rpc.errors import RpcFailure, invalid_argument, not_found
 from healthd.rpc.validation import (
@@ -35,9 +35,7 @@ MAX_PID = 4194304  # the kernel's largest pid_max
 MAX_RESOURCE_NAME_CHARS = 317  # a Kubernetes extended resource name: 253 + '/' + 63
 MAX_DEVICE_ID_CHARS = 256
 MAX_TTL_SECONDS = 10 * 365 * 86400.0  # the manager applies its own (smaller) limit with its own message
-_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
 _FIELD_PREFIX = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): (.+)", re.DOTALL)
 
 KIND_STATUS = {
@@ -72,7 +70,7 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
     which = owner.WhichOneof("kind")
     if which == "container":
         c = owner.container
-        _name(c.id, "owner.container.id", _CONTAINER_ID, "12-64 lowercase hex digits")
+        _name(c.id, "owner.container.id", CONTAINER_ID, "12-64 lowercase hex digits")
         path = check_text(c.cgroup_path, "owner.container.cgroup_path", max_chars=MAX_CGROUP_PATH_CHARS)
         if ".." in path.split("/"):
             raise InvalidField("owner.container.cgroup_path", f"must stay under the cgroup root, got {quote(path)}")
@@ -80,7 +78,7 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
     if which == "pod":
         p = owner.pod
         _name(p.namespace, "owner.pod.namespace", _DNS_LABEL, "a Kubernetes namespace (DNS label)")
-        _name(p.name, "owner.pod.name", _DNS_SUBDOMAIN, "a Kubernetes pod name (DNS subdomain)")
+        _name(p.name, "owner.pod.name", DNS_SUBDOMAIN, "a Kubernetes pod name (DNS subdomain)")
         _name(p.container, "owner.pod.container", _DNS_LABEL, "a Kubernetes container name (DNS label)")
         resource, device = kubelet_device(p.kubelet_device, "owner.pod.kubelet_device")
         return Owner(

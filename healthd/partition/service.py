@@ -18,7 +18,6 @@ import structlog
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition import requests as req
-from healthd.partition.edits import node_path
 from healthd.partition.errors import PartitionError
 from healthd.partition.manager import CardCapacity, CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
@@ -87,8 +86,9 @@ def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
             pb.Mount(host_path=m.host_path, container_path=m.container_path, options=list(m.options))
             for m in edits.mounts
         )
-        paths = [node_path(n) for n in edits.device_nodes]
-        msg.device_nodes.extend(pb.DeviceNode(path=p, host_path=p, permissions="rw") for p in paths)
+        msg.device_nodes.extend(
+            pb.DeviceNode(path=n.path, host_path=n.path, permissions="rw") for n in edits.device_nodes
+        )
     if r.mig is not None:
         msg.mig.CopyFrom(
             pb.MigDevice(

@@ -108,18 +108,17 @@ class Store:
             )
 
     def update(self, record: PartitionRecord) -> None:
+        """What changes over a partition's life: state, owner (a kubelet device rebound to its pod), lease, MIG."""
         with self._lock:
             self._db.execute(
-                "UPDATE partitions SET state=?, lease_expires_at=?, mig=? WHERE id=?",
-                (record.state.value, record.lease_expires_at, _mig_json(record.mig), record.id),
-            )
-
-    def set_owner(self, record: PartitionRecord) -> None:
-        """A new owner (and lease expiry) for an existing partition: the rebind of a kubelet device to its pod."""
-        with self._lock:
-            self._db.execute(
-                "UPDATE partitions SET owner=?, lease_expires_at=? WHERE id=?",
-                (json.dumps(asdict(record.owner), sort_keys=True), record.lease_expires_at, record.id),
+                "UPDATE partitions SET state=?, owner=?, lease_expires_at=?, mig=? WHERE id=?",
+                (
+                    record.state.value,
+                    _owner_json(record.owner),
+                    record.lease_expires_at,
+                    _mig_json(record.mig),
+                    record.id,
+                ),
             )
 
     def delete(self, partition_id: str) -> None:
@@ -148,6 +147,10 @@ _COLUMNS = (
 )
 
 
+def _owner_json(owner: Owner) -> str:
+    return json.dumps(asdict(owner), sort_keys=True)
+
+
 def _mig_json(mig: MigPlacement | None) -> str | None:
     return json.dumps(asdict(mig), sort_keys=True) if mig else None
 
@@ -160,7 +163,7 @@ def _row(r: PartitionRecord) -> tuple[Any, ...]:
         r.mode.value,
         r.compute_percent,
         r.memory_mib,
-        json.dumps(asdict(r.owner), sort_keys=True),
+        _owner_json(r.owner),
         r.state.value,
         r.created_at,
         r.lease_expires_at,

@@ -96,7 +96,6 @@ class PartitionsComponent:
         )
         cdi.include(lambda: whole_card_devices(self.manager.cards, self.devices))
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds, device_holders)
-        self.started = False
         self._retry: asyncio.Task[None] | None = None
         self.collector = PartitionCollector(
             self.manager.view, lambda: self.manager.reclaimed_total, lambda: dict(self.manager.reconcile_failures)
@@ -113,7 +112,7 @@ class PartitionsComponent:
                 PartitionsService(self.manager, writable=True),
                 add_partitions,
                 admin=True,
-                ready=lambda: self.started,
+                ready=lambda: self.manager.ready,
             ),
         ]
 
@@ -129,7 +128,6 @@ class PartitionsComponent:
             log.error("partitions cannot start yet; retrying", error=exc.message)
             return False
         self.reconciler.start()
-        self.started = True
         log.info(
             "partitions serving",
             cdi_dir=str(self.cdi_dir),

@@ -23,7 +23,7 @@ def edits(i: int) -> ContainerEdits:
     return ContainerEdits(
         env={"CUDA_VISIBLE_DEVICES": f"GPU-{i}", "CUDA_MPS_PIPE_DIRECTORY": f"/run/x/mps/p-{i}/pipe"},
         mounts=(Mount(f"/run/x/mps/p-{i}/pipe", f"/run/x/mps/p-{i}/pipe"),),
-        device_nodes=(DeviceNode("/dev/nvidiactl", 195, 255, 0o666), f"/dev/nvidia{i}"),
+        device_nodes=(DeviceNode("/dev/nvidiactl", 195, 255, 0o666), DeviceNode(f"/dev/nvidia{i}")),
     )
 
 
@@ -102,7 +102,7 @@ def test_spec_structure_keeps_device_numbers() -> None:
     nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
     assert nodes == [
         {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 0o666},
-        {"path": "/dev/nvidia1"},  # a plain path: listed by path only
+        {"path": "/dev/nvidia1"},  # a node without numbers: listed by path only
     ]
 
 
@@ -171,7 +171,7 @@ def test_minimum_version_follows_the_reference_rule(change: Any, version: str) -
 
 
 def test_version_rule_covers_devices_of_any_origin() -> None:
-    whole_card = ContainerEdits(env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, device_nodes=("/dev/nvidia1",))
+    whole_card = ContainerEdits(env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, device_nodes=(DeviceNode("/dev/nvidia1"),))
     assert build_spec([("p-1", edits(1)), ("GPU-0000", whole_card)])["cdiVersion"] == "0.3.0"
     # a device named by index (starts with a digit) needs 0.5.0 whoever added it
     assert build_spec([("p-1", edits(1)), ("1", whole_card)])["cdiVersion"] == "0.5.0"

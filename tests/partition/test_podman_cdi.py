@@ -181,7 +181,7 @@ def run_in_container(s: Setup, device: str) -> Seen:
     return Seen(env_in, mounts, devices, sections["ldcache"])
 
 
-def expected_devices(nodes: tuple[DeviceNode | str, ...]) -> dict[str, tuple[str, int, int, int]]:
+def expected_devices(nodes: tuple[DeviceNode, ...]) -> dict[str, tuple[str, int, int, int]]:
     out = {}
     for n in nodes:
         assert isinstance(n, DeviceNode)
