@@ -17,6 +17,7 @@ from pathlib import Path
 from exporter.backends.scenario import ScenarioError, load_scenario
 from exporter.http import parse_listen_address
 from healthd.config import Config
+from healthd.rpc.addresses import check_grpc_address
 
 QUOTE_LIMIT = 100  # characters of an operator's value quoted back in a message
 
@@ -132,14 +133,16 @@ def _check_metrics_listen(value: str, where: str) -> None:
 
 
 def _check_grpc_listen(address: str, where: str) -> None:
-    if address.startswith("unix:"):
-        if not address[len("unix:") :].startswith("/"):
-            raise StartupError(f"{where}: the unix socket path must be absolute")
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
-        raise StartupError(f"{where}: expected unix:/path or HOST:PORT")
-    _resolve(host.strip("[]"), int(port), where)
+    """The shared syntax check (``where`` already quotes the value, so the reason is said without it), then resolve."""
+    unix = address.startswith("unix:")
+    try:
+        check_grpc_address(address)
+    except ValueError:
+        reason = "the unix socket path must be absolute" if unix else "expected unix:/path or HOST:PORT"
+        raise StartupError(f"{where}: {reason}") from None
+    if not unix:
+        host, _, port = address.rpartition(":")
+        _resolve(host.strip("[]"), int(port), where)
 
 
 def _resolve(host: str, port: int, where: str) -> None:

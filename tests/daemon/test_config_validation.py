@@ -59,6 +59,11 @@ def run_check(path: Path) -> subprocess.CompletedProcess[str]:
         ("[daemon]\nmetrics_listen = ':99999'\n", "daemon.metrics_listen", "port must be a number"),
         ("[daemon]\ngrpc_listen = ['relative.sock']\n", "daemon.grpc_listen", "expected unix:/path or HOST:PORT"),
         ("[daemon]\ngrpc_listen = ['unix:run/x.sock']\n", "daemon.grpc_listen", "must be absolute"),
+        (
+            f"[daemon]\ngrpc_listen = ['127.0.0.1:{'9' * 5000}']\n",
+            "daemon.grpc_listen",
+            "expected unix:/path or HOST:PORT",
+        ),
         ("[daemon]\ngrpc_listen = ['0.0.0.0:9411']\n", "daemon.grpc_listen", "needs mTLS"),
         ("[daemon]\nstate_dir = 'var/lib'\n", "daemon.state_dir", "absolute path"),
         ("[daemon]\nbogus = 1\n", "daemon.bogus", "unknown option"),
