@@ -187,6 +187,15 @@ def test_reload_plan_separates_safe_changes_from_restarts() -> None:
     assert str(plan.config.transport.metrics_web_config_file) == "/etc/xpu-runtime-kit/web.yml"
 
 
+def test_reload_plan_names_health_options_as_the_file_does() -> None:
+    old = parse_config({})
+    new = parse_config({"health": {"ecc": {"correctable_rate_per_hour": 50}, "xid": {"merge_window_seconds": 5}}})
+    assert plan_reload(old, new).needs_restart == (
+        "health.ecc.correctable_rate_per_hour",
+        "health.xid.merge_window_seconds",
+    )
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_any_file_content_is_a_config_or_a_named_error(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
