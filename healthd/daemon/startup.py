@@ -162,7 +162,7 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
 
     A readable file is never moved (that would drop good state); StartupError says so.
     """
-    from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
+    from healthd.daemon.state_files import StateFileError, move_aside_if_corrupt
     from healthd.faults.journal import Journal
     from healthd.faults.runtime import JOURNAL_FILE
     from healthd.partition.store import Store
@@ -172,10 +172,10 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
     if not path.exists():
         raise StartupError(f"{names.where('state_dir', str(state_dir))}: there is no {path.name} to move aside")
     try:
-        (Journal if kind == "faults" else Store)(path).close()
-    except CorruptStateError as exc:
-        moved = move_aside(path)
-        return f"moved {path} to {moved[0]} ({exc.reason}). {exc.lost}"
+        outcome = move_aside_if_corrupt(path, Journal if kind == "faults" else Store)
     except StateFileError as exc:
         raise StartupError(str(exc)) from None
-    raise StartupError(f"{path} is readable; nothing moved (it is not corrupt, so the daemon can start with it)")
+    if outcome is None:
+        raise StartupError(f"{path} is readable; nothing moved (it is not corrupt, so the daemon can start with it)")
+    moved, corruption = outcome
+    return f"moved {path} to {moved} ({corruption.reason}). {corruption.lost}"

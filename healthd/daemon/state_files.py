@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # SQLite's primary result codes for a damaged file (https://sqlite.org/rescode.html)
 SQLITE_CORRUPT = 11
@@ -150,3 +151,16 @@ def move_aside(path: Path, now: float | None = None) -> list[Path]:
             source.rename(destination)
             moved.append(destination)
     return moved
+
+
+def move_aside_if_corrupt(path: Path, open_store: Callable[[Path], Any]) -> tuple[Path, CorruptStateError] | None:
+    """Open ``path`` with its store and close it; only when that says corrupt, move it aside.
+
+    Returns (the file's new path, the corruption) or None when the file is readable: a readable file is never moved,
+    that would drop good state. Any other StateFileError (locked, no permission) propagates.
+    """
+    try:
+        open_store(path).close()
+    except CorruptStateError as exc:
+        return move_aside(path)[0], exc
+    return None
