@@ -48,10 +48,6 @@ class OptionNames:
     def metrics_listen(self) -> str:
         return self.name("metrics_listen")
 
-    @property
-    def state_dir(self) -> str:
-        return self.name("state_dir")
-
 
 def option_names(*, source: str, flags: set[str]) -> OptionNames:
     """``flags``: the settings given on the command line (``metrics_listen`` ...); the others came from ``source``."""
