@@ -160,6 +160,4 @@ def with_overrides(config: Config, **overrides: Any) -> Config:
     """Apply command-line values of [daemon] options that were given (None means not given)."""
     names = {f.name for f in fields(DaemonSettings)}
     given = {k: v for k, v in overrides.items() if v is not None and k in names}
-    if "simulate" in given and given["simulate"] is None:
-        given.pop("simulate")
     return replace(config, daemon=replace(config.daemon, **given))

@@ -67,10 +67,6 @@ class HostView:
     probes: ProbeHost  # what the health probes read
     node: SimulatedNode | None = None  # the simulated processes and kubelet; None on a real node
 
-    @property
-    def simulated(self) -> bool:
-        return self.node is not None
-
     def start(self) -> None:
         if self.node is not None:
             self.node.start()

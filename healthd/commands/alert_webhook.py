@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import threading
 from pathlib import Path
@@ -12,9 +11,8 @@ import grpc
 
 from exporter.http import parse_listen_address
 from healthd.daemon.logs import configure_logging
-from healthd.faults.settings import HookSettings
 from healthd.hook.alertmanager import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
-from healthd.rpc.transport import HookClientTls, is_tcp, load_hook_tls
+from healthd.rpc.transport import HookClientTls, is_tcp, load_pem_files
 from healthd.settings import ConfigError
 
 
@@ -24,7 +22,7 @@ def grpc_forwarder_factory(tls: HookClientTls | None = None) -> ForwarderFactory
 
 
 def hook_tls(args: argparse.Namespace) -> HookClientTls | None:
-    """--hook-tls-* as the daemon's [hook] tls_* settings; checked now, so a bad file is named before serving."""
+    """--hook-tls-* (the flags of [hook] tls_*); checked now, so a bad file is named before serving."""
     if not args.hook or not is_tcp(args.hook):
         return None
     flags = {
@@ -35,17 +33,16 @@ def hook_tls(args: argparse.Namespace) -> HookClientTls | None:
     missing = [flag for flag, path in flags.items() if path is None]
     if missing:
         raise ValueError(f"--hook {args.hook}: a TCP hook is called with mutual TLS; give {', '.join(missing)}")
-    settings = HookSettings(
-        endpoints=(args.hook,),
-        tls_ca_file=args.hook_tls_ca,
-        tls_cert_file=args.hook_tls_cert,
-        tls_key_file=args.hook_tls_key,
-        tls_server_name=args.hook_tls_server_name or "",
-    )
     try:
-        return load_hook_tls(settings)
+        cert, key, ca = load_pem_files(
+            args.hook_tls_cert,
+            args.hook_tls_key,
+            args.hook_tls_ca,
+            ("--hook-tls-cert", "--hook-tls-key", "--hook-tls-ca"),
+        )
     except ConfigError as exc:
-        raise ValueError(re.sub(r"(?:hook\.)?tls_(\w+)_file", r"--hook-tls-\1", str(exc))) from None
+        raise ValueError(str(exc)) from None
+    return HookClientTls(ca=ca, cert_chain=cert, private_key=key, server_name=args.hook_tls_server_name or "")
 
 
 def cmd_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from healthd.commands.args import check_positive_seconds
-from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
+from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside_if_corrupt
 from healthd.rpc.addresses import check_grpc_address
 from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
 from healthd.settings import ConfigError
@@ -80,14 +80,14 @@ def cmd_hook_move_aside(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if not path.exists():
         raise ValueError(f"--state {path}: no such file; nothing to move")
     try:
-        ExecutionStore(path).close()
-    except CorruptStateError as exc:
-        moved = move_aside(path)
-        print(f"moved {path} to {moved[0]}. {exc.lost}")
-        return 0
+        outcome = move_aside_if_corrupt(path, ExecutionStore)
     except StateFileError as exc:
         raise ValueError(str(exc)) from None
-    raise ValueError(f"--state {path}: the file is readable, nothing moved (delete it yourself to start afresh)")
+    if outcome is None:
+        raise ValueError(f"--state {path}: the file is readable, nothing moved (delete it yourself to start afresh)")
+    moved, corruption = outcome
+    print(f"moved {path} to {moved}. {corruption.lost}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from healthd.config import Config
+from healthd.xid.watcher import XID_SECTION
 
 # Options applied in place on SIGHUP. The web config file is also re-read when its path did not change, so
 # rotated certificates and new basic-auth users take effect.
@@ -16,10 +17,16 @@ RELOADABLE = frozenset({"daemon.log_level", "transport.metrics_web_config_file"}
 def flatten(config: Config) -> dict[str, Any]:
     """Option name as written in the TOML file (``health.ecc.enabled``) -> value."""
     out: dict[str, Any] = {}
-    for f in fields(config):
-        if f.name != "source":
-            _flatten_into(out, f.name, getattr(config, f.name))
+    for name, value in _toml_shaped(config).items():
+        _flatten_into(out, name, value)
     return out
+
+
+def _toml_shaped(config: Config) -> dict[str, Any]:
+    """Each section; [health] as parse_config reads it: a table per probe and [health.xid]."""
+    sections: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "source"}
+    sections["health"] = {**config.health.probes, XID_SECTION: config.health.xid}
+    return sections
 
 
 def _flatten_into(out: dict[str, Any], prefix: str, value: Any) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from exporter.backends.scenario import ScenarioError, load_scenario
 from exporter.http import parse_listen_address
 from healthd.config import Config
+from healthd.rpc.addresses import check_grpc_address
 
 QUOTE_LIMIT = 100  # characters of an operator's value quoted back in a message
 
@@ -46,10 +47,6 @@ class OptionNames:
     @property
     def metrics_listen(self) -> str:
         return self.name("metrics_listen")
-
-    @property
-    def state_dir(self) -> str:
-        return self.name("state_dir")
 
 
 def option_names(*, source: str, flags: set[str]) -> OptionNames:
@@ -132,14 +129,16 @@ def _check_metrics_listen(value: str, where: str) -> None:
 
 
 def _check_grpc_listen(address: str, where: str) -> None:
-    if address.startswith("unix:"):
-        if not address[len("unix:") :].startswith("/"):
-            raise StartupError(f"{where}: the unix socket path must be absolute")
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
-        raise StartupError(f"{where}: expected unix:/path or HOST:PORT")
-    _resolve(host.strip("[]"), int(port), where)
+    """The shared syntax check (``where`` already quotes the value, so the reason is said without it), then resolve."""
+    unix = address.startswith("unix:")
+    try:
+        check_grpc_address(address)
+    except ValueError:
+        reason = "the unix socket path must be absolute" if unix else "expected unix:/path or HOST:PORT"
+        raise StartupError(f"{where}: {reason}") from None
+    if not unix:
+        host, _, port = address.rpartition(":")
+        _resolve(host.strip("[]"), int(port), where)
 
 
 def _resolve(host: str, port: int, where: str) -> None:
@@ -159,7 +158,7 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
 
     A readable file is never moved (that would drop good state); StartupError says so.
     """
-    from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
+    from healthd.daemon.state_files import StateFileError, move_aside_if_corrupt
     from healthd.faults.journal import Journal
     from healthd.faults.runtime import JOURNAL_FILE
     from healthd.partition.store import Store
@@ -169,10 +168,10 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
     if not path.exists():
         raise StartupError(f"{names.where('state_dir', str(state_dir))}: there is no {path.name} to move aside")
     try:
-        (Journal if kind == "faults" else Store)(path).close()
-    except CorruptStateError as exc:
-        moved = move_aside(path)
-        return f"moved {path} to {moved[0]} ({exc.reason}). {exc.lost}"
+        outcome = move_aside_if_corrupt(path, Journal if kind == "faults" else Store)
     except StateFileError as exc:
         raise StartupError(str(exc)) from None
-    raise StartupError(f"{path} is readable; nothing moved (it is not corrupt, so the daemon can start with it)")
+    if outcome is None:
+        raise StartupError(f"{path} is readable; nothing moved (it is not corrupt, so the daemon can start with it)")
+    moved, corruption = outcome
+    return f"moved {path} to {moved} ({corruption.reason}). {corruption.lost}"

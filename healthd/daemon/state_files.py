@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # SQLite's primary result codes for a damaged file (https://sqlite.org/rescode.html)
 SQLITE_CORRUPT = 11
@@ -41,6 +43,13 @@ class CorruptStateError(StateFileError):
         self.lost = lost
 
 
+class UnreadableContent(Exception):  # noqa: N818 (a reason, turned into the store's CorruptStateError)
+    """Raised by a store's ``after_open`` step: the file opens but holds something that does not decode.
+
+    The message is the reason; open_state_db closes the file first, then raises the store's corrupt error with it.
+    """
+
+
 def is_corruption(exc: sqlite3.DatabaseError) -> bool:
     """True for a damaged or foreign file; False for the rest (locked, read-only, cannot open, disk full...)."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -68,6 +77,48 @@ def check_integrity(db: sqlite3.Connection) -> None:
 def open_failure(path: Path, what: str, exc: sqlite3.DatabaseError) -> StateFileError:
     """Not corruption: the file exists but SQLite cannot open or lock it (permissions, read-only, locked)."""
     return StateFileError(path, f"{what} {path}: cannot open it: {exc}")
+
+
+def open_state_db(
+    path: Path,
+    what: str,
+    schema: str,
+    corrupt: Callable[[Path, str], CorruptStateError],
+    after_open: Callable[[sqlite3.Connection], None] | None = None,
+    *,
+    timeout: float = 5.0,
+) -> sqlite3.Connection:
+    """Open (or create) a state file: WAL, synchronous=FULL, integrity checked, ``schema`` applied.
+
+    ``after_open`` is the store's own step (a migration, reading rows that must decode); it raises
+    UnreadableContent for content that does not decode. A SQLite error on the way is classified: corruption ->
+    ``corrupt(path, reason)``, anything else -> open_failure. ``timeout``: seconds a locked file is waited for.
+    The connection is in autocommit mode and may be used from any thread (the store serialises with its lock).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
+    except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
+        raise open_failure(path, what, exc) from None
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        check_integrity(db)
+        db.executescript(schema)
+        if after_open is not None:
+            after_open(db)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if not is_corruption(exc):
+            raise open_failure(path, what, exc) from None
+        raise corrupt(path, str(exc)) from None
+    except UnreadableContent as exc:
+        db.close()
+        raise corrupt(path, str(exc)) from None
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 def salvage_rows(path: Path, sql: str) -> list[tuple[object, ...]] | None:
@@ -100,3 +151,16 @@ def move_aside(path: Path, now: float | None = None) -> list[Path]:
             source.rename(destination)
             moved.append(destination)
     return moved
+
+
+def move_aside_if_corrupt(path: Path, open_store: Callable[[Path], Any]) -> tuple[Path, CorruptStateError] | None:
+    """Open ``path`` with its store and close it; only when that says corrupt, move it aside.
+
+    Returns (the file's new path, the corruption) or None when the file is readable: a readable file is never moved,
+    that would drop good state. Any other StateFileError (locked, no permission) propagates.
+    """
+    try:
+        open_store(path).close()
+    except CorruptStateError as exc:
+        return move_aside(path)[0], exc
+    return None

@@ -97,7 +97,7 @@ class FaultEngine:
         self._last_prune = 0.0
         for fault in journal.active_faults():
             self._active[fault.identity] = fault
-        self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
+        self._publish_committed()
         self._resolve_after_reboot()
 
     # -- the sink the probes call ------------------------------------------------------------------------------
@@ -368,16 +368,20 @@ class FaultEngine:
                     self._active[record.fault.identity] = record.fault
                 elif self._recently_resolved.get(record.fault.identity, record.fault).id == record.fault.id:
                     self._recently_resolved[record.fault.identity] = record.fault
-            self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
+            self._publish_committed()
             listeners = list(self._listeners)
         if records:
             for listener in listeners:
                 listener(records[-1].seq)
         return records
 
+    def _publish_committed(self) -> None:
+        """What readers see: the active faults as of the last commit, oldest first (caller holds ``_state``)."""
+        self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
+
     def _reload(self, active: Sequence[Fault]) -> None:
         self._active = {f.identity: f for f in active}
-        self._committed = tuple(sorted(self._active.values(), key=lambda f: f.opened_seq))
+        self._publish_committed()
         self._pending.clear()
         self._clear_streak.clear()
 

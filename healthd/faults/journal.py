@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from healthd.daemon.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
+from healthd.daemon.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 from healthd.faults.fault import Fault, FaultFilter, FaultRecord, OutboxItem, RecordKind
 
 JOURNAL_WHAT = "fault journal"
@@ -61,29 +61,17 @@ class JournalError(Exception):
 class Journal:
     def __init__(self, path: Path) -> None:
         """Opens (or creates) the journal; raises CorruptStateError naming the file when it is damaged."""
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
+        self._db = open_state_db(path, JOURNAL_WHAT, SCHEMA, corrupt_journal, self._read_last_seq, timeout=30.0)
+
+    def _read_last_seq(self, db: sqlite3.Connection) -> None:
+        row = db.execute("SELECT value FROM meta WHERE key='last_seq'").fetchone()
+        max_row = db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
         try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
-            raise open_failure(path, JOURNAL_WHAT, exc) from None
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            check_integrity(self._db)
-            self._db.executescript(SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key='last_seq'").fetchone()
-            max_row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
             self._last_seq = max(int(row[0]) if row else 0, int(max_row[0]))
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            if not is_corruption(exc):
-                raise open_failure(path, JOURNAL_WHAT, exc) from None
-            raise corrupt_journal(path, str(exc)) from None
         except ValueError as exc:  # meta.last_seq that is not a number
-            self._db.close()
-            raise corrupt_journal(path, f"meta.last_seq: {exc}"[:200]) from None
+            raise UnreadableContent(f"meta.last_seq: {exc}"[:200]) from None
 
     @property
     def last_seq(self) -> int:

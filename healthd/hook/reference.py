@@ -21,7 +21,6 @@ import asyncio
 import json
 import math
 import os
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import structlog
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.daemon.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
+from healthd.daemon.state_files import CorruptStateError, open_state_db, salvage_rows
 from healthd.rpc.errors import from_invalid_field, unavailable
 from healthd.rpc.guard import RequestGuard
 from healthd.rpc.transport import GrpcTls, is_tcp, server_credentials
@@ -76,22 +75,8 @@ class Execution:
 class ExecutionStore:
     def __init__(self, path: Path) -> None:
         """Opens (or creates) the file; raises CorruptStateError naming it when it is damaged."""
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
-            raise open_failure(path, HOOK_WHAT, exc) from None
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            check_integrity(self._db)
-            self._db.executescript(SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            if not is_corruption(exc):
-                raise open_failure(path, HOOK_WHAT, exc) from None
-            raise corrupt_hook_state(path, str(exc)) from None
+        self._db = open_state_db(path, HOOK_WHAT, SCHEMA, corrupt_hook_state, timeout=30.0)
 
     def close(self) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from healthd.daemon.state_files import CorruptStateError, check_integrity, is_corruption, open_failure, salvage_rows
+from healthd.daemon.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 
 WHAT = "partition state"
@@ -48,33 +48,20 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         """Opens (or creates) the file; raises CorruptStateError when it is damaged or holds rows we cannot read."""
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)
-            raise open_failure(path, WHAT, exc) from None
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            check_integrity(self._db)
-            with self._lock:
-                self._db.executescript(SCHEMA)
-                columns = {row[1] for row in self._db.execute("PRAGMA table_info(cards)")}
-                if "sharing" not in columns:  # a state file from before TDM sharing policies
-                    self._db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
-            self.card_modes()  # every row must decode: the manager reads them all at start
+        self._db = open_state_db(path, WHAT, SCHEMA, corrupt, self._upgrade_and_check)
+
+    def _upgrade_and_check(self, db: sqlite3.Connection) -> None:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(cards)")}
+        if "sharing" not in columns:  # a state file from before TDM sharing policies
+            db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
+        self._db = db
+        try:  # every row must decode: the manager reads them all at start
+            self.card_modes()
             self.all()
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            if not is_corruption(exc):
-                raise open_failure(path, WHAT, exc) from None
-            raise corrupt(path, str(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:  # a row that does not decode (bad JSON, mode, owner)
-            self._db.close()
-            raise corrupt(path, f"a row cannot be read: {exc!r}"[:200]) from None
+            raise UnreadableContent(f"a row cannot be read: {exc!r}"[:200]) from None
 
     def close(self) -> None:
         with self._lock:

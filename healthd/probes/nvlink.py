@@ -21,10 +21,12 @@ CHECK = "nvlink"
 
 @dataclass(frozen=True, slots=True)
 class NvLinkThresholds:
+    """[health.nvlink]: the probe's thresholds are its settings."""
+
     # DCGM MonitorNVLink: "CRC errors only matter at rates of 100+ per second" -> FAIL.
-    crc_per_second_fail: float = 100.0
+    crc_per_second_fail: float = option(100.0, above=0)
     # Increments are single moments; they stay reported for this long after the last one, then clear.
-    error_hold_seconds: float = 600.0
+    error_hold_seconds: float = option(600.0, above=0)
 
     def __post_init__(self) -> None:
         if self.crc_per_second_fail <= 0:
@@ -171,13 +173,8 @@ class NvLinkProbe:
 SECTION = "nvlink"
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.nvlink]"""
-
-    crc_per_second_fail: float = option(100.0, above=0)
-    error_hold_seconds: float = option(600.0, above=0)
+Settings = NvLinkThresholds
 
 
 def build(settings: Settings, host: ProbeHost) -> NvLinkProbe:
-    return NvLinkProbe(NvLinkThresholds(settings.crc_per_second_fail, settings.error_hold_seconds))
+    return NvLinkProbe(settings)

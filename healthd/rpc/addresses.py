@@ -16,7 +16,8 @@ def check_grpc_address(address: str) -> None:
             raise ValueError(f"unix socket path must be absolute, got {address[:200]!r}")
         return
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
+    # the length check comes before int(): a port of thousands of digits would fail there with Python's own text
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ValueError(f"expected unix:/path or HOST:PORT, got {address[:200]!r}")
 
 

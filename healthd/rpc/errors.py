@@ -11,7 +11,7 @@ Handlers raise :class:`RpcFailure`; the server's guard (healthd/rpc/guard.py) tu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -122,20 +122,3 @@ async def abort(context: grpc.aio.ServicerContext, exc: RpcFailure) -> NoReturn:
     status = exc.status()
     await context.abort(status.code, status.details, status.trailing_metadata)
     raise AssertionError("abort returned")  # pragma: no cover
-
-
-def rich_status(error: Any) -> Any:
-    """The google.rpc.Status of a failed call (grpc.RpcError / AioRpcError), or None when it carries none."""
-    return rpc_status.from_call(error)
-
-
-def unpack_details(status: Any) -> dict[str, Any]:
-    """{"ErrorInfo": msg, "BadRequest": msg, "ResourceInfo": msg} from a google.rpc.Status (clients and tests)."""
-    out: dict[str, Any] = {}
-    for holder in status.details:
-        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.BadRequest, error_details_pb2.ResourceInfo):
-            if holder.Is(cls.DESCRIPTOR):
-                msg = cls()
-                holder.Unpack(msg)
-                out[cls.DESCRIPTOR.name] = msg
-    return out

@@ -119,8 +119,6 @@ class XidMerger:
         self._lock = threading.Lock()
         # (card, xid) -> (first sighting's time, MIG instances named in the window)
         self._last: dict[tuple[str, int], tuple[float, frozenset[tuple[int, int | None]]]] = {}
-        self.emitted = 0
-        self.merged = 0
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (source, "reported" | "merged")
 
     def add(self, s: _Sighting) -> Finding | None:
@@ -136,7 +134,6 @@ class XidMerger:
                 # another MIG instance than the ones already named is another incident; anything else merges
                 if instance is None or not seen or instance in seen:
                     self._last[key] = (last[0], seen | {instance} if instance else seen)
-                    self.merged += 1
                     self.outcomes[(s.source, "merged")] += 1
                     return None
                 self._last[key] = (last[0], seen | {instance})
@@ -144,7 +141,6 @@ class XidMerger:
                 self._last[key] = (now, frozenset({instance}) if instance else frozenset())
             if len(self._last) > 4096:
                 self._last = {k: v for k, v in self._last.items() if now - v[0] < self._window}
-            self.emitted += 1
             self.outcomes[(s.source, "reported")] += 1
         finding = self._finding(s)
         self._sink.event(finding)
@@ -153,6 +149,16 @@ class XidMerger:
     def outcome_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self.outcomes)
+
+    @property
+    def emitted(self) -> int:
+        """Findings reported, from every source."""
+        return sum(n for (_, outcome), n in self.outcome_counts().items() if outcome == "reported")
+
+    @property
+    def merged(self) -> int:
+        """Sightings merged into a finding already reported in its window, from every source."""
+        return sum(n for (_, outcome), n in self.outcome_counts().items() if outcome == "merged")
 
     def _finding(self, s: _Sighting) -> Finding:
         entry = self._catalog.lookup(s.xid)

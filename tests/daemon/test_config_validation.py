@@ -59,6 +59,11 @@ def run_check(path: Path) -> subprocess.CompletedProcess[str]:
         ("[daemon]\nmetrics_listen = ':99999'\n", "daemon.metrics_listen", "port must be a number"),
         ("[daemon]\ngrpc_listen = ['relative.sock']\n", "daemon.grpc_listen", "expected unix:/path or HOST:PORT"),
         ("[daemon]\ngrpc_listen = ['unix:run/x.sock']\n", "daemon.grpc_listen", "must be absolute"),
+        (
+            f"[daemon]\ngrpc_listen = ['127.0.0.1:{'9' * 5000}']\n",
+            "daemon.grpc_listen",
+            "expected unix:/path or HOST:PORT",
+        ),
         ("[daemon]\ngrpc_listen = ['0.0.0.0:9411']\n", "daemon.grpc_listen", "needs mTLS"),
         ("[daemon]\nstate_dir = 'var/lib'\n", "daemon.state_dir", "absolute path"),
         ("[daemon]\nbogus = 1\n", "daemon.bogus", "unknown option"),
@@ -180,6 +185,15 @@ def test_reload_plan_separates_safe_changes_from_restarts() -> None:
     assert plan.config.log_level == "debug"
     assert plan.config.metrics_listen == old.metrics_listen  # not taken over
     assert str(plan.config.transport.metrics_web_config_file) == "/etc/xpu-runtime-kit/web.yml"
+
+
+def test_reload_plan_names_health_options_as_the_file_does() -> None:
+    old = parse_config({})
+    new = parse_config({"health": {"ecc": {"correctable_rate_per_hour": 50}, "xid": {"merge_window_seconds": 5}}})
+    assert plan_reload(old, new).needs_restart == (
+        "health.ecc.correctable_rate_per_hour",
+        "health.xid.merge_window_seconds",
+    )
 
 
 @settings(max_examples=200, deadline=None)

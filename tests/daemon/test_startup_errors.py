@@ -144,6 +144,7 @@ def test_metrics_listen_syntax_is_checked_by_check_config(
         ("relative.sock", ("--grpc-listen", "'relative.sock'", "unix:/path or HOST:PORT")),
         ("unix:relative.sock", ("--grpc-listen", "absolute")),
         ("no-such-host.invalid:50051", ("--grpc-listen", "cannot resolve")),
+        ("127.0.0.1:" + "9" * 5000, ("--grpc-listen", "unix:/path or HOST:PORT")),  # not int()'s digit-limit text
     ],
 )
 def test_grpc_listen_is_checked_by_check_config(
