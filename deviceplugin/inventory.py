@@ -16,7 +16,6 @@ from deviceplugin.daemon_client import DaemonClient, kubelet_device_of
 log = structlog.get_logger("deviceplugin.inventory")
 
 MIB = 2**20
-MODE_NONE, MODE_TDM, MODE_MIG = 1, 2, 3  # xpu.runtime.v1.PartitionMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ class Card:
     index: int
     uuid: str
     numa_node: int | None
-    mode: int
+    mode: int  # partitions_pb2.PartitionMode
     hardware_mig: bool
     memory_total_mib: int
     compute_allocated: int
