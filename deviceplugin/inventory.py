@@ -55,7 +55,6 @@ class Card:
 class NodeView:
     cards: tuple[Card, ...] = ()
     by_device: Mapping[tuple[str, str], Any] = field(default_factory=dict)  # (resource, device id) -> Partition
-    topology_known: bool = False
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
@@ -107,7 +106,7 @@ def build_view(capacity: list[Any], partitions: list[Any], topology: Any | None)
         key = kubelet_device_of(p)
         if key is not None and p.state == "ready":
             by_device[key] = p
-    return NodeView(cards=cards, by_device=by_device, topology_known=topology is not None)
+    return NodeView(cards=cards, by_device=by_device)
 
 
 class Inventory:

@@ -88,7 +88,7 @@ class Plugin:
         for server in self.servers.values():
             restarted_kubelet = server.registered_with is not None and server.registered_with != kubelet
             if not server.healthy or restarted_kubelet:
-                if restarted_kubelet or server.registered_with is not None:
+                if server.registered_with is not None:
                     log.info("kubelet restarted or our socket is gone; serving again", resource=server.resource.name)
                 await server.start()
             if kubelet is not None and server.registered_with != kubelet:
