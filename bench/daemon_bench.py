@@ -15,7 +15,6 @@ import http.client
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import BenchArgs, Row, median, percentile, proc_cpu_seconds, proc_status_kib
+from bench.common import BenchArgs, Row, free_port, median, percentile, proc_cpu_seconds, proc_status_kib
 from bench.metrics_bench import PROMETHEUS_ACCEPT
 from bench.scenarios import write_scenario
 
@@ -41,12 +40,6 @@ def _optional_status(pid: int, key: str) -> float:
         return float(proc_status_kib(pid, key))
     except KeyError:
         return float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:

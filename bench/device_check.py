@@ -35,8 +35,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import median, percentile, proc_cpu_seconds, proc_status_kib
-from bench.daemon_bench import DaemonRun, free_port
+from bench.common import free_port, median, percentile, proc_cpu_seconds, proc_status_kib
+from bench.daemon_bench import DaemonRun
 from bench.daemon_bench import http_get as get
 from bench.device_report import summary
 from bench.metrics_bench import PROMETHEUS_ACCEPT
