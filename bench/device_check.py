@@ -98,12 +98,11 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 def start_real_daemon(root: Path, interval: float | None) -> DaemonRun:
     run = DaemonRun(0, 0, root, interval=interval, real=True)
     run.start()
-    deadline = time.monotonic() + 90
-    while not run.ready():
-        if time.monotonic() > deadline:
-            run.stop()
-            raise RuntimeError(f"real daemon not healthy in 90 s:\n{run.log_tail()}")
-        time.sleep(0.2)
+    try:
+        run.wait_ready(90)
+    except RuntimeError:
+        run.stop()
+        raise
     run.discover_gpus()
     return run
 
