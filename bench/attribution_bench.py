@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from bench.common import BenchArgs, Row, median, percentile
+from bench.common import BenchArgs, Row, median, percentile, timed
 from bench.scenarios import scaled
 from exporter.attribution.attributor import Attributor
 from exporter.attribution.kubelet import KubeletPodResources
@@ -47,15 +47,6 @@ NAME = "attribution"
 PROCESSES_PER_POD = 4
 WARMUP = 3  # renders of each registry before timing starts
 FIRST_PID = 100_000
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 @dataclass

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,20 +25,16 @@ REPO = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(REPO))
 
+from bench.common import median, percentile, timed  # noqa: E402
 from healthd.partition.cdi import CdiWriter  # noqa: E402
 from healthd.partition.driverlibs import builtin_hook_path, discover, read_ldcache  # noqa: E402
 from healthd.partition.edits import ContainerEdits, Mount  # noqa: E402
 from healthd.partition.simdevices import simulated_host_devices  # noqa: E402
 
 
-def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+def p50_p99_ms(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
+    samples = timed(fn, rounds)
+    return median(samples) * 1000, percentile(samples, 0.99) * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,17 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             (
                 f"spec write, {args.partitions} partitions, tables cached",
-                *timed(lambda: writer.write(devices_of(args.partitions)), args.rounds),
+                *p50_p99_ms(lambda: writer.write(devices_of(args.partitions)), args.rounds),
             )
         )
-        rows.append((f"spec write, {args.partitions} partitions, tables re-read", *timed(cold, args.rounds)))
+        rows.append((f"spec write, {args.partitions} partitions, tables re-read", *p50_p99_ms(cold, args.rounds)))
 
         def tables() -> None:
             devices._tables = None
             devices.tables()
 
-        rows.append(("device tables (/proc/devices + mig-minors)", *timed(tables, args.rounds)))
-        rows.append(("driver discovery (ldconfig -p + lookup)", *timed(lambda: discover(read_ldcache()), 10)))
+        rows.append(("device tables (/proc/devices + mig-minors)", *p50_p99_ms(tables, args.rounds)))
+        rows.append(("driver discovery (ldconfig -p + lookup)", *p50_p99_ms(lambda: discover(read_ldcache()), 10)))
         hook = builtin_hook_path()
         if hook is not None and os.geteuid() == 0:
             rootfs = root / "rootfs"
@@ -103,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             def run_hook() -> None:
                 subprocess.run([hook, "update-ldcache", "--folder", "/usr/lib"], input=state, text=True, check=True)
 
-            rows.append(("xpu-cdi-hook update-ldcache (process included)", *timed(run_hook, 10)))
+            rows.append(("xpu-cdi-hook update-ldcache (process included)", *p50_p99_ms(run_hook, 10)))
         spec_bytes = (root / "cdi" / "xpu-runtime-kit.io-gpu.json").stat().st_size
     print(f"{'what':<58} {'p50 ms':>8} {'p99 ms':>8}")
     for name, p50, p99 in rows:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +65,23 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    """Seconds each of ``n`` back-to-back calls of ``fn`` took."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -76,7 +95,7 @@ def proc_cpu_seconds(pid: int, proc_root: Path = Path("/proc")) -> float:
 
 
 def proc_status_kib(pid: int | str, key: str, proc_root: Path = Path("/proc")) -> int:
-    """A ``kB`` line of /proc/<pid>/status (VmRSS, VmHWM, ...), in KiB."""
+    """A ``kB`` line of /proc/<pid>/status (VmRSS, VmHWM, ...), in KiB; also reads a plain count (Threads)."""
     for line in (proc_root / str(pid) / "status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1])

@@ -15,7 +15,6 @@ import http.client
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import BenchArgs, Row, median, percentile, proc_cpu_seconds, proc_status_kib
-from bench.metrics_bench import PROMETHEUS_ACCEPT
+from bench.common import BenchArgs, Row, free_port, median, percentile, proc_cpu_seconds, proc_status_kib
+from bench.metrics_bench import PROMETHEUS_HEADERS
 from bench.scenarios import write_scenario
 
 NAME = "daemon"
@@ -41,12 +40,6 @@ def _optional_status(pid: int, key: str) -> float:
         return float(proc_status_kib(pid, key))
     except KeyError:
         return float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
@@ -139,6 +132,15 @@ class DaemonRun:
         except OSError:
             return False
 
+    def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> None:
+        """Poll /healthz until it answers 200; RuntimeError with the log's tail after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() > deadline:
+                what = "real daemon" if self.real else f"daemon ({self.gpus} GPUs)"
+                raise RuntimeError(f"{what} not healthy in {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
     def cycles(self) -> float:
         """Sampling cycles so far: per-card ``sample`` calls over the card count."""
         m = CALLS_SAMPLE.search(self.metrics_text())
@@ -153,7 +155,7 @@ class DaemonRun:
         self.cpu0, self.t0 = proc_cpu_seconds(self.proc.pid), time.monotonic()
 
     def scrape(self) -> None:
-        status, _, seconds = self.get("/metrics", {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+        status, _, seconds = self.get("/metrics", PROMETHEUS_HEADERS)
         if status != 200:
             raise RuntimeError(f"daemon ({self.gpus} GPUs): /metrics answered {status}")
         self.scrapes.append(seconds)
@@ -169,8 +171,7 @@ class DaemonRun:
         self.cycles1 = self.cycles()
 
     def rows(self) -> list[Row]:
-        headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
-        burst = [self.get("/metrics", headers)[2] for _ in range(BURST_SCRAPES)]
+        burst = [self.get("/metrics", PROMETHEUS_HEADERS)[2] for _ in range(BURST_SCRAPES)]
         cpu, wall, cycles = self.cpu1 - self.cpu0, self.t1 - self.t0, self.cycles1 - self.cycles0
         g, procs = self.gpus, self.gpus * self.processes_per_gpu
         window = f"{self.interval or 5:g} s interval, {wall:.0f} s window, {len(self.scrapes)} scrapes"
@@ -205,13 +206,9 @@ def measure(points: list[tuple[int, int]], seconds: float, work_dir: Path) -> li
         try:
             for run in runs:
                 run.start()
-            deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-            waiting = list(runs)
-            while waiting:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon ({waiting[0].gpus} GPUs) not healthy:\n{waiting[0].log_tail()}")
-                waiting = [r for r in waiting if not r.ready()]
-                time.sleep(0.2)
+            deadline = time.monotonic() + READY_TIMEOUT_SECONDS  # one for all: they started together
+            for run in runs:
+                run.wait_ready(deadline - time.monotonic())
             for run in runs:
                 run.begin()
             start = time.monotonic()

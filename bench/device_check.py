@@ -35,8 +35,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import median, percentile, proc_cpu_seconds, proc_status_kib
-from bench.daemon_bench import DaemonRun, free_port
+from bench.common import free_port, median, percentile, proc_cpu_seconds, proc_status_kib
+from bench.daemon_bench import DaemonRun
 from bench.daemon_bench import http_get as get
 from bench.device_report import summary
 from bench.metrics_bench import PROMETHEUS_ACCEPT
@@ -98,12 +98,11 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 def start_real_daemon(root: Path, interval: float | None) -> DaemonRun:
     run = DaemonRun(0, 0, root, interval=interval, real=True)
     run.start()
-    deadline = time.monotonic() + 90
-    while not run.ready():
-        if time.monotonic() > deadline:
-            run.stop()
-            raise RuntimeError(f"real daemon not healthy in 90 s:\n{run.log_tail()}")
-        time.sleep(0.2)
+    try:
+        run.wait_ready(90)
+    except RuntimeError:
+        run.stop()
+        raise
     run.discover_gpus()
     return run
 

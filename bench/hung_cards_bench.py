@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(ROOT))
 
+from bench.common import free_port, percentile, proc_status_kib  # noqa: E402
 from healthd.api.v1 import health_pb2 as hpb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as hpb_grpc  # noqa: E402
 from healthd.api.v1 import hook_pb2, hook_pb2_grpc  # noqa: E402
@@ -60,13 +61,6 @@ MIG_CARDS = (6, 7)
 TDM_HUNG_CARD = 3
 HEALTHY_TDM_CARD = 2
 XID_CARD = 1
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 class RecordingHook(hook_pb2_grpc.ReplacementHookServicer):
@@ -120,21 +114,6 @@ class HungCardsResult:
     stop_seconds: float | None
     exit_code: int | None
     log_tail: str
-
-
-def thread_count(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no thread count for pid {pid}")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -350,7 +329,7 @@ def run_scenario(
         try:
             setup_cards(admin)
             time.sleep(2.0)  # a reconcile pass and a few sampling cycles in the set-up state
-            threads_before = thread_count(daemon.pid)
+            threads_before = proc_status_kib(daemon.pid, "Threads")
             watched: dict[str, float] = {}
             watcher = threading.Thread(target=watch_faults, args=(main, watched, stop_watch), daemon=True)
             watcher.start()
@@ -369,7 +348,7 @@ def run_scenario(
             arrived = hook.wait_for(lambda r: r.gpu_index == XID_CARD and r.code == "xid_79", hold_seconds)
             clients.join()
             stop_watch.set()
-            threads_during = thread_count(daemon.pid)
+            threads_during = proc_status_kib(daemon.pid, "Threads")
             healthz = http_get(daemon.port, "/healthz")
             statuses = grpc_health_statuses(main)
             watch_at = watched.get("xid_79")
@@ -403,7 +382,7 @@ def report(result: HungCardsResult) -> str:
         fails = ", ".join(f"{k} x{v}" for k, v in result.calls.failures.get(name, {}).items()) or "-"
         lines.append(
             f"{name:28} {len(values):5d} {1000 * statistics.median(values):9.1f} "
-            f"{1000 * percentile(values, 99):9.1f} {1000 * max(values):9.1f}  {fails}"
+            f"{1000 * percentile(values, 0.99):9.1f} {1000 * max(values):9.1f}  {fails}"
         )
 
     def secs(v: float | None) -> str:

@@ -31,6 +31,7 @@ PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
     "text/plain;version=1.0.0;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
 )
+PROMETHEUS_HEADERS = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
 
 
 def collectors() -> list[Collector]:
@@ -38,26 +39,27 @@ def collectors() -> list[Collector]:
     return default_collectors()
 
 
-def scrape_latencies(port: int, scrapes: int) -> tuple[list[float], int]:
-    """Seconds per scrape over one kept-alive connection, and the compressed body size of the last one."""
+def scrape_latencies(
+    port: int, scrapes: int, headers: dict[str, str] = PROMETHEUS_HEADERS
+) -> tuple[list[float], bytes]:
+    """Seconds per scrape over one kept-alive connection (after WARMUP more), and the last body as sent."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
     times: list[float] = []
-    size = 0
+    body = b""
     try:
         for i in range(WARMUP + scrapes):
             t = time.perf_counter()
             conn.request("GET", "/metrics", headers=headers)
             resp = conn.getresponse()
             body = resp.read()
-            if i >= WARMUP:
-                times.append(time.perf_counter() - t)
+            elapsed = time.perf_counter() - t
             if resp.status != 200:
                 raise RuntimeError(f"/metrics answered {resp.status}")
-            size = len(body)
+            if i >= WARMUP:
+                times.append(elapsed)
     finally:
         conn.close()
-    return times, size
+    return times, body
 
 
 def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
@@ -81,7 +83,7 @@ def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
         body = cache.payload("").body  # text format, for counting
         server = MetricsHTTPServer(("127.0.0.1", 0), cache, health=lambda: Health(True, "ok"))
         server.start()
-        latencies, gz_size = scrape_latencies(server.port, scrapes)
+        latencies, gz = scrape_latencies(server.port, scrapes)
     finally:
         if server is not None:
             server.stop()
@@ -98,7 +100,7 @@ def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
         Row("  render per Snapshot p99", "ms", percentile(render, 0.99) * 1e3, gpus, procs),
         Row("  series", "", float(series), gpus, procs),
         Row("  body", "KiB", len(body) / 1024, gpus, procs),
-        Row("  body gzip", "KiB", gz_size / 1024, gpus, procs),
+        Row("  body gzip", "KiB", len(gz) / 1024, gpus, procs),
     ]
 
 

@@ -118,11 +118,10 @@ def busy_data(gpus: int = 8, processes_per_gpu: int = BUSY_PROCESSES_PER_GPU) ->
         raise ValueError("processes_per_gpu must be >= 1")
     data = template_data() if gpus == 8 else scaled_data(gpus, 0)
     places: list[tuple[int, int | None]] = []
-    gi_ids: dict[int, int] = {}
     instances_by_gpu: dict[int, list[int]] = {}
     for inst in data.get("mig_instances", []):  # GPU instance ids as the simulated driver hands them out: 1, 2, ...
-        gi_ids[inst["gpu"]] = gi_ids.get(inst["gpu"], 0) + 1
-        instances_by_gpu.setdefault(inst["gpu"], []).append(gi_ids[inst["gpu"]])
+        ids = instances_by_gpu.setdefault(inst["gpu"], [])
+        ids.append(len(ids) + 1)
     for i, card in enumerate(data["gpus"]):
         if not card.get("mig_enabled"):
             places.append((i, None))
@@ -154,11 +153,6 @@ def busy_data(gpus: int = 8, processes_per_gpu: int = BUSY_PROCESSES_PER_GPU) ->
     data["node"] = {**data["node"], "name": name, "dynamic": True}
     data["processes"] = processes
     return data
-
-
-def busy(gpus: int = 8, processes_per_gpu: int = BUSY_PROCESSES_PER_GPU) -> Scenario:
-    data = busy_data(gpus, processes_per_gpu)
-    return parse_scenario(data, source=data["node"]["name"])
 
 
 def write_busy_scenario(path: Path, gpus: int = 8, processes_per_gpu: int = BUSY_PROCESSES_PER_GPU) -> Path:

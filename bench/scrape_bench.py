@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import http.client
 import re
 import sys
 import tempfile
@@ -35,16 +34,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BenchArgs, Row, median, percentile, proc_cpu_seconds
-from bench.daemon_bench import READY_TIMEOUT_SECONDS, DaemonRun
-from bench.metrics_bench import PROMETHEUS_ACCEPT
+from bench.common import BenchArgs, Row, median, percentile
+from bench.daemon_bench import READY_TIMEOUT_SECONDS, SCRAPE_EVERY_SECONDS, DaemonRun
+from bench.metrics_bench import scrape_latencies
 from bench.scenarios import BUSY_SCENARIO_FILE, scaled_data, to_toml, write_busy_scenario
 
 NAME = "scrape"
 SCRAPES = 200
 CURL_SCRAPES = 50
-WARMUP = 3
-SCRAPE_EVERY_SECONDS = 15.0
 ATTRIBUTED = re.compile(r"^xpu_pod_gpu_processes\{", re.MULTILINE)
 SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? ")
 LABEL_KEY = re.compile(r'(?:\{|",)([a-zA-Z_][a-zA-Z0-9_]*)="')
@@ -121,27 +118,6 @@ def composition(text: str) -> Composition:
     return out
 
 
-def scrape_burst(port: int, headers: dict[str, str], count: int) -> tuple[list[float], bytes]:
-    """Seconds per scrape over one kept-alive connection, and the last body (as sent)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    times: list[float] = []
-    body = b""
-    try:
-        for i in range(WARMUP + count):
-            t = time.perf_counter()
-            conn.request("GET", "/metrics", headers=headers)
-            resp = conn.getresponse()
-            body = resp.read()
-            elapsed = time.perf_counter() - t
-            if resp.status != 200:
-                raise RuntimeError(f"/metrics answered {resp.status}")
-            if i >= WARMUP:
-                times.append(elapsed)
-    finally:
-        conn.close()
-    return times, body
-
-
 @dataclass
 class Result:
     node: Node
@@ -158,10 +134,7 @@ class Result:
 
 def wait_until_attributed(run: DaemonRun, node: Node) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while not run.ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"daemon ({node.name}) not healthy:\n{run.log_tail()}")
-        time.sleep(0.2)
+    run.wait_ready(READY_TIMEOUT_SECONDS)
     while node.pods and not ATTRIBUTED.search(run.metrics_text()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"daemon ({node.name}) has no pod series:\n{run.log_tail()}")
@@ -174,27 +147,26 @@ def measure(node: Node, window: float, scrapes: int, work_dir: Path) -> Result:
         run = DaemonRun(node.gpus, 0, root / "daemon", scenario=node.scenario(root))
         try:
             run.start()
-            assert run.proc is not None
             wait_until_attributed(run, node)
-            cycles0, cpu0, t0 = run.cycles(), proc_cpu_seconds(run.proc.pid), time.monotonic()
-            prometheus = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}
-            next_scrape = t0
-            while (now := time.monotonic()) < t0 + window:
+            run.begin()
+            end = run.t0 + window
+            next_scrape = run.t0
+            while (now := time.monotonic()) < end:
                 if now >= next_scrape:
-                    run.get("/metrics", prometheus)
+                    run.scrape()
                     next_scrape += SCRAPE_EVERY_SECONDS
-                time.sleep(max(0.0, min(next_scrape, t0 + window) - time.monotonic()))
-            cpu1, t1 = proc_cpu_seconds(run.proc.pid), time.monotonic()
-            cycles = run.cycles() - cycles0
-            prom_times, gz = scrape_burst(run.port, prometheus, scrapes)
-            curl_times, text = scrape_burst(run.port, {}, CURL_SCRAPES)
+                time.sleep(max(0.0, min(next_scrape, end) - time.monotonic()))
+            run.end_window()
+            prom_times, gz = scrape_latencies(run.port, scrapes)
+            curl_times, text = scrape_latencies(run.port, CURL_SCRAPES, {})
         finally:
             run.stop()
+    cpu, wall, cycles = run.cpu1 - run.cpu0, run.t1 - run.t0, run.cycles1 - run.cycles0
     return Result(
         node=node,
-        cpu_share=(cpu1 - cpu0) / (t1 - t0),
-        cpu_per_cycle=(cpu1 - cpu0) / max(cycles, 1.0),
-        window=t1 - t0,
+        cpu_share=cpu / wall,
+        cpu_per_cycle=cpu / max(cycles, 1.0),
+        window=wall,
         cycles=cycles,
         prometheus=prom_times,
         curl=curl_times,

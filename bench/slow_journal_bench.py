@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(ROOT))
 
+from bench.common import percentile  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
 from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
@@ -50,11 +51,6 @@ class DelayedJournal(Journal):
     def commit(self, changes: list[Change], at: float, *, touched: Iterable[Fault] = ()) -> list[FaultRecord]:  # type: ignore[override]
         time.sleep(self.delay)  # as if fsync took this long
         return super().commit(changes, at, touched=touched)
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
 def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int]:
@@ -127,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     for delay, cycles, health, written in rows:
         print(
             f"{delay * 1000:10.0f}ms {len(cycles):7d} {1000 * statistics.median(cycles):13.1f} "
-            f"{1000 * p99(cycles):13.1f} {1000 * statistics.median(health):14.1f} {1000 * p99(health):14.1f} "
-            f"{written:15d}"
+            f"{1000 * percentile(cycles, 0.99):13.1f} {1000 * statistics.median(health):14.1f} "
+            f"{1000 * percentile(health, 0.99):14.1f} {written:15d}"
         )
     base, slow = rows
+    cycle_p99 = percentile(slow[1], 0.99) - percentile(base[1], 0.99)
+    health_p99 = percentile(slow[2], 0.99) - percentile(base[2], 0.99)
     print(
-        f"slowdown from the delay: cycle p99 {1000 * (p99(slow[1]) - p99(base[1])):+.1f} ms, "
-        f"GetNodeHealth p99 {1000 * (p99(slow[2]) - p99(base[2])):+.1f} ms"
+        f"slowdown from the delay: cycle p99 {1000 * cycle_p99:+.1f} ms, GetNodeHealth p99 {1000 * health_p99:+.1f} ms"
     )
     return 0
 

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import median, timed
 from healthd.daemon.state_files import check_integrity
 from healthd.faults.journal import SCHEMA, Journal
 
@@ -53,13 +51,7 @@ def fill_journal(path: Path, records: int) -> None:
     db.close()
 
 
-def timed(action: Callable[[], None], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+REPEAT = 5  # timings per measurement; the median is printed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             def open_journal(path: Path = path) -> None:
                 Journal(path).close()
 
-            check_s = timed(check)
-            open_s = timed(open_journal)
+            check_s = median(timed(check, REPEAT))
+            open_s = median(timed(open_journal, REPEAT))
             print(f"{records:>9} {size_mb:>8.1f} {check_s * 1e3:>15.1f} {open_s * 1e3:>13.1f}")
     return 0
 

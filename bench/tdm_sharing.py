@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port  # noqa: E402
+
 CLIENT = str(ROOT / "bench" / "tdm_client.py")
 QUOTAS = {"A": (30, "2GiB"), "B": (70, "8GiB")}
 POLICIES = ("isolated", "shared")
@@ -89,12 +93,6 @@ def card_settings(gpu: int) -> dict[str, str]:
         return out
     finally:
         pynvml.nvmlShutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

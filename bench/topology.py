@@ -6,7 +6,6 @@ python3 bench/topology.py
 from __future__ import annotations
 
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import median, timed
 from exporter.backends.scenario import load_scenario
 from exporter.topology.allocation import preferred_allocation
 from exporter.topology.discover import GpuIdentity, read_topology
@@ -23,13 +23,9 @@ from exporter.topology.model import Gpu, Link, LinkKind, PcieLocation, Topology
 from exporter.topology.sysfs import Sysfs
 
 
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000, max(samples) * 1000
+def median_max_ms(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    samples = timed(fn, repeat)
+    return median(samples) * 1000, max(samples) * 1000
 
 
 def synthetic(n: int, seed: int) -> Topology:
@@ -68,15 +64,15 @@ def main() -> int:
         assert root is not None
         ids = [GpuIdentity(c.index, c.uuid, scenario.model, c.pci_bus_id) for c in scenario.cards]
         peers: dict[int, tuple[str, ...] | None] = {c.index: ("nvswitch",) * 18 for c in scenario.cards}
-        med, worst = timed(lambda: read_topology(Sysfs(root), ids, peers, collected_at=0.0), 50)
+        med, worst = median_max_ms(lambda: read_topology(Sysfs(root), ids, peers, collected_at=0.0), 50)
         print(f"read_topology h200x8 (8 GPUs, 8 NICs) from sysfs: median {med:.2f} ms, max {worst:.2f} ms")
         topology = read_topology(Sysfs(root), ids, peers, collected_at=0.0)
     for count in (1, 2, 4, 8):
-        med, worst = timed(lambda c=count: preferred_allocation(topology, c), 20)
+        med, worst = median_max_ms(lambda c=count: preferred_allocation(topology, c), 20)
         print(f"preferred_allocation h200x8 count={count}: median {med:.2f} ms, max {worst:.2f} ms")
     for n, count in ((16, 8), (16, 4), (16, 2), (32, 8)):
         topo = synthetic(n, seed=n)
-        med, worst = timed(lambda t=topo, c=count: preferred_allocation(t, c), 5)
+        med, worst = median_max_ms(lambda t=topo, c=count: preferred_allocation(t, c), 5)
         exact = preferred_allocation(topo, count).exact
         print(
             f"preferred_allocation synthetic n={n} count={count} ({'exact' if exact else 'greedy'}): "

@@ -13,7 +13,6 @@ from typing import Any
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HEALTHD_SOCKET = "unix:/run/xpu-runtime-kit/healthd.sock"
 DEFAULT_DOMAIN = "xpu-runtime-kit.io"
-MIB = 2**20
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _MEMORY = re.compile(r"^(\d+)\s*(GiB|MiB)$")
 

@@ -22,8 +22,6 @@ ACTIVE_FAULTS_LIMIT = 10000  # the API's maximum page
 
 class DaemonClient:
     def __init__(self, address: str, admin_address: str, *, timeout: float = 10.0) -> None:
-        self.address = address
-        self.admin_address = admin_address
         self.timeout = timeout
         self._main = grpc.aio.insecure_channel(address)
         self._admin = grpc.aio.insecure_channel(admin_address)
@@ -69,10 +67,6 @@ class DaemonClient:
     async def partitions(self) -> list[Any]:
         reply = await self._partitions.ListPartitions(partitions_pb2.ListPartitionsRequest(), timeout=self.timeout)
         return list(reply.partitions)
-
-    async def get_partition(self, partition_id: str) -> Any:
-        request = partitions_pb2.GetPartitionRequest(id=partition_id)
-        return await self._partitions.GetPartition(request, timeout=self.timeout)
 
     async def create_for_device(
         self,

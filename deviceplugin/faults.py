@@ -22,11 +22,10 @@ import grpc
 import structlog
 
 from deviceplugin.daemon_client import DaemonClient
+from healthd.api.v1 import health_pb2
 
 log = structlog.get_logger("deviceplugin.faults")
 
-ACTION_RESET_GPU = 3  # xpu.runtime.v1.Action: NONE 1, RESTART_APP 2, RESET_GPU 3, REBOOT_NODE 4, REPLACE_NODE 5
-FAULT_STATE_ACTIVE = 1
 HUNG_OR_LOST_CODES = frozenset({"driver_call_timeout", "gpu_lost"})
 ALL_CARDS = -1  # the key of a node-wide fault
 
@@ -40,11 +39,11 @@ class CardFault:
 
 
 def takes_out_of_service(fault: Any) -> bool:
-    if fault.state != FAULT_STATE_ACTIVE:
+    if fault.state != health_pb2.FAULT_STATE_ACTIVE:
         return False
     if not fault.HasField("gpu"):
-        return bool(fault.action >= ACTION_RESET_GPU)
-    return bool(fault.action >= ACTION_RESET_GPU or fault.code in HUNG_OR_LOST_CODES)
+        return bool(fault.action >= health_pb2.ACTION_RESET_GPU)
+    return bool(fault.action >= health_pb2.ACTION_RESET_GPU or fault.code in HUNG_OR_LOST_CODES)
 
 
 class FaultTracker:

@@ -16,7 +16,6 @@ from deviceplugin.daemon_client import DaemonClient, kubelet_device_of
 log = structlog.get_logger("deviceplugin.inventory")
 
 MIB = 2**20
-MODE_NONE, MODE_TDM, MODE_MIG = 1, 2, 3  # xpu.runtime.v1.PartitionMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ class Card:
     index: int
     uuid: str
     numa_node: int | None
-    mode: int
+    mode: int  # partitions_pb2.PartitionMode
     hardware_mig: bool
     memory_total_mib: int
     compute_allocated: int
@@ -56,7 +55,6 @@ class Card:
 class NodeView:
     cards: tuple[Card, ...] = ()
     by_device: Mapping[tuple[str, str], Any] = field(default_factory=dict)  # (resource, device id) -> Partition
-    topology_known: bool = False
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
@@ -108,7 +106,7 @@ def build_view(capacity: list[Any], partitions: list[Any], topology: Any | None)
         key = kubelet_device_of(p)
         if key is not None and p.state == "ready":
             by_device[key] = p
-    return NodeView(cards=cards, by_device=by_device, topology_known=topology is not None)
+    return NodeView(cards=cards, by_device=by_device)
 
 
 class Inventory:

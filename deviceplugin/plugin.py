@@ -13,9 +13,10 @@ import structlog
 from deviceplugin.config import PluginConfig
 from deviceplugin.daemon_client import DaemonClient
 from deviceplugin.faults import FaultTracker
-from deviceplugin.inventory import MODE_MIG, Inventory
+from deviceplugin.inventory import Inventory
 from deviceplugin.resources import Context, Slices, WholeCards
 from deviceplugin.server import KUBELET_SOCKET, Changes, Resource, ResourceServer, inode
+from healthd.api.v1 import partitions_pb2
 
 log = structlog.get_logger("deviceplugin")
 
@@ -50,7 +51,13 @@ class Plugin:
         resources: list[Resource] = [WholeCards(self.ctx)] if self.config.whole_cards else []
         if self.config.mig:
             profiles = sorted(
-                {p for c in self.inventory.view.cards if c.mode == MODE_MIG for p in c.profiles if "+" not in p}
+                {
+                    p
+                    for c in self.inventory.view.cards
+                    if c.mode == partitions_pb2.PARTITION_MODE_MIG
+                    for p in c.profiles
+                    if "+" not in p
+                }
             )
             chosen = [p for p in profiles if not self.config.mig_profiles or p in self.config.mig_profiles]
             resources += [Slices(self.ctx, profile=p) for p in chosen]
@@ -81,7 +88,7 @@ class Plugin:
         for server in self.servers.values():
             restarted_kubelet = server.registered_with is not None and server.registered_with != kubelet
             if not server.healthy or restarted_kubelet:
-                if restarted_kubelet or server.registered_with is not None:
+                if server.registered_with is not None:
                     log.info("kubelet restarted or our socket is gone; serving again", resource=server.resource.name)
                 await server.start()
             if kubelet is not None and server.registered_with != kubelet:

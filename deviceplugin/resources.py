@@ -21,7 +21,8 @@ import structlog
 from deviceplugin.api.v1beta1 import api_pb2 as kpb
 from deviceplugin.config import TdmShape
 from deviceplugin.daemon_client import DaemonClient
-from deviceplugin.inventory import MODE_MIG, MODE_NONE, MODE_TDM, Card, NodeView
+from deviceplugin.inventory import Card, NodeView
+from healthd.api.v1 import partitions_pb2
 
 log = structlog.get_logger("deviceplugin.resources")
 
@@ -76,7 +77,7 @@ class WholeCards:
         self.name = f"{ctx.domain}/gpu"
 
     def cards(self, view: NodeView) -> list[Card]:
-        return [c for c in view.cards if c.mode == MODE_NONE and not c.hardware_mig]
+        return [c for c in view.cards if c.mode == partitions_pb2.PARTITION_MODE_NONE and not c.hardware_mig]
 
     def devices(self) -> list[Any]:
         out_of_service = self.ctx.out_of_service()
@@ -134,11 +135,11 @@ class Slices:
     def _slots_and_room(self, card: Card) -> tuple[int, int]:
         if self.profile is not None:
             profile = card.profiles.get(self.profile)
-            if card.mode != MODE_MIG or profile is None:
+            if card.mode != partitions_pb2.PARTITION_MODE_MIG or profile is None:
                 return 0, 0
             return profile.instance_count, profile.placeable
         assert self.shape is not None
-        if card.mode != MODE_TDM:
+        if card.mode != partitions_pb2.PARTITION_MODE_TDM:
             return 0, 0
         c, m = self.shape.compute_percent, self.shape.memory_mib
         slots = min(100 // c, card.memory_total_mib // m)

@@ -60,15 +60,20 @@ class Changes:
                 self._waiters.discard(waiter)
 
 
+def plugin_options(resource: Resource) -> Any:
+    """What the plugin tells kubelet it supports for ``resource``, at registration and when asked."""
+    return kpb.DevicePluginOptions(
+        pre_start_required=resource.pre_start_required, get_preferred_allocation_available=True
+    )
+
+
 class DevicePluginService(kpb_grpc.DevicePluginServicer):
     def __init__(self, resource: Resource, changes: Changes) -> None:
         self._r = resource
         self._changes = changes
 
     async def GetDevicePluginOptions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return kpb.DevicePluginOptions(
-            pre_start_required=self._r.pre_start_required, get_preferred_allocation_available=True
-        )
+        return plugin_options(self._r)
 
     async def ListAndWatch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
         last: list[Any] | None = None
@@ -169,9 +174,7 @@ class ResourceServer:
                     version=API_VERSION,
                     endpoint=self.socket.name,
                     resource_name=self.resource.name,
-                    options=kpb.DevicePluginOptions(
-                        pre_start_required=self.resource.pre_start_required, get_preferred_allocation_available=True
-                    ),
+                    options=plugin_options(self.resource),
                 ),
                 timeout=10,
             )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +55,8 @@ def _simulated_daemon(tmp: Path) -> Any:
     def start(root: Path, interval: float | None) -> DaemonRun:
         run = DaemonRun(1, 2, tmp / root.name, interval=interval or 0.3)
         run.start()
-        for _ in range(600):
-            if run.ready():
-                return run
-            time.sleep(0.1)
-        raise RuntimeError(run.log_tail())
+        run.wait_ready(60)
+        return run
 
     return start
 

@@ -13,7 +13,7 @@ import pytest
 
 from deviceplugin.config import ConfigError, PluginConfig, build_parser, load, parse_file
 from deviceplugin.faults import FaultTracker, takes_out_of_service
-from deviceplugin.inventory import MODE_MIG, MODE_NONE, MODE_TDM, Card, NodeView, ProfileRoom
+from deviceplugin.inventory import Card, NodeView, ProfileRoom
 from deviceplugin.resources import Context, Slices, WholeCards
 from deviceplugin.server import Changes
 from healthd.api.v1 import health_pb2 as hpb
@@ -152,7 +152,7 @@ def card(index: int, mode: int, **kw: Any) -> Card:
         "uuid": f"GPU-{index}",
         "numa_node": index // 4,
         "mode": mode,
-        "hardware_mig": mode == MODE_MIG,
+        "hardware_mig": mode == ppb.PARTITION_MODE_MIG,
         "memory_total_mib": 143_771,
         "compute_allocated": 0,
         "memory_allocated_mib": 0,
@@ -175,7 +175,11 @@ def test_slot_health_follows_the_room_on_the_card() -> None:
     }
     used = ppb.Partition(id="p-1")
     view = NodeView(
-        cards=(card(0, MODE_NONE), card(6, MODE_MIG, profiles=profiles), card(3, MODE_TDM, compute_allocated=60)),
+        cards=(
+            card(0, ppb.PARTITION_MODE_NONE),
+            card(6, ppb.PARTITION_MODE_MIG, profiles=profiles),
+            card(3, ppb.PARTITION_MODE_TDM, compute_allocated=60),
+        ),
         by_device={("xpu-runtime-kit.io/mig-1g.18gb", "GPU-6::4"): used},
     )
     mig = Slices(context(view), profile="1g.18gb")
@@ -198,7 +202,9 @@ def test_slot_health_follows_the_room_on_the_card() -> None:
 def test_preferred_slices_pack_the_fullest_card_first() -> None:
     profiles = {"1g.18gb": ProfileRoom("1g.18gb", 16384, 16, 7, 7)}
     busy = {"1g.18gb": ProfileRoom("1g.18gb", 16384, 16, 7, 2)}
-    view = NodeView(cards=(card(6, MODE_MIG, profiles=profiles), card(7, MODE_MIG, profiles=busy)))
+    view = NodeView(
+        cards=(card(6, ppb.PARTITION_MODE_MIG, profiles=profiles), card(7, ppb.PARTITION_MODE_MIG, profiles=busy))
+    )
     mig = Slices(context(view), profile="1g.18gb")
     available = [d.ID for d in mig.devices() if d.health == "Healthy"]
     assert asyncio.run(mig.preferred(available, [], 1)) == ["GPU-7::0"]
@@ -231,7 +237,7 @@ def test_allocate_refuses_slots_that_do_not_exist_now() -> None:
     from deviceplugin.resources import AllocationError
 
     profiles = {"1g.18gb": ProfileRoom("1g.18gb", 16384, 16, 7, 7)}
-    view = NodeView(cards=(card(6, MODE_MIG, profiles=profiles), card(0, MODE_NONE)))
+    view = NodeView(cards=(card(6, ppb.PARTITION_MODE_MIG, profiles=profiles), card(0, ppb.PARTITION_MODE_NONE)))
     mig = Slices(context(view), profile="1g.18gb")
     for ids in (["GPU-6::7"], ["GPU-6::x"], ["GPU-0::0"], ["GPU-9::0"], ["GPU-6"]):
         with pytest.raises(AllocationError) as err:
