@@ -15,8 +15,8 @@ import pytest
 
 from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
-from tests.support.faults_helpers import wait_until
 from tests.support.paths import REPO
+from tests.support.waiting import wait_until
 
 ROOT = REPO
 

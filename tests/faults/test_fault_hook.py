@@ -21,8 +21,9 @@ from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 from healthd.faults.fault import FaultFilter
 from healthd.faults.model import Action, Severity
 from healthd.faults.settings import HookSettings
-from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, wait_until, xid
+from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, xid
 from tests.support.paths import REPO
+from tests.support.waiting import wait_until
 
 ROOT = REPO
 

@@ -10,8 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -116,12 +115,3 @@ def cdi_names(daemon: DaemonProcess) -> set[str]:
         spec = json.loads(spec_file.read_text())
         names |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
     return names
-
-
-def wait_until(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {limit}s")

@@ -124,14 +124,3 @@ class DaemonThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
-
-
-def wait_until(predicate: object, what: str, limit: float = 60.0) -> None:
-    """Poll until predicate() is true; fail the test (never a time assertion) if it never happens."""
-    import time
-
-    deadline = time.monotonic() + limit
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting: {what}")
-        time.sleep(0.02)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid
-from tests.daemon.test_daemon_e2e import wait_for
 from tests.support.daemon_process import DaemonProcess
 from tests.support.paths import REPO
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,7 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
         with DaemonProcess(tmp_path, extra_config=config) as d:
             # 1. a real application XID (restart_app: below the hook's level) shows the reader is following
             _append(kmsg, KmsgRecord(4, 1, 10, "-", format_xid(GPU0_PCI, 13, "Graphics Exception", pid=7)))
-            wait_for(lambda: any("xid_13" in line for line in _fault_lines(d)), timeout=30)
+            wait_until(lambda: any("xid_13" in line for line in _fault_lines(d)), "the xid_13 fault", 30, step=0.1)
 
             # 2. look-alikes of a fatal XID 79 on GPU 3
             fatal = format_xid(GPU3_PCI, 79, "GPU has fallen off the bus.")
@@ -78,7 +78,9 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
 
             # 3. the driver's own line for GPU 5, after the look-alikes: the reader handles lines in order
             _append(kmsg, KmsgRecord(3, 7, 30, "-", format_xid(GPU5_PCI, 79, "GPU has fallen off the bus.")))
-            wait_for(lambda: received.exists() and received.read_text().strip(), timeout=60)
+            wait_until(
+                lambda: received.exists() and received.read_text().strip(), "the hook to receive a fault", 60, step=0.1
+            )
 
             lines = _fault_lines(d)
             assert len(lines) == 2, lines
