@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon_process import DaemonProcess, terminate
+from tests.support.daemon_process import DaemonProcess
 from tests.support.kubelet_double import KubeletDouble
 from tests.support.paths import REPO
+from tests.support.servicehelpers import terminate
 
 GPU = "xpu-runtime-kit.io/gpu"
 
