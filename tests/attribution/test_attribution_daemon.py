@@ -4,7 +4,6 @@ they vanish when the processes exit. Starts xpu-healthd as a process and drives 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,21 +15,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
 ROOT = REPO
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Daemon:
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.sock = f"unix:{tmp}/h.sock"
         config = tmp / "healthd.toml"
         config.write_text(

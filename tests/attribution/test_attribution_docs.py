@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 DOC = REPO / "docs" / "attribution.md"
 YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
@@ -69,12 +69,6 @@ class _Metrics(BaseHTTPRequestHandler):
         pass
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def exporter() -> Iterator[int]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
@@ -87,7 +81,7 @@ def exporter() -> Iterator[int]:
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 def test_honor_labels_keeps_our_pod_and_never_fills_in_the_targets(exporter: int, tmp_path: Path) -> None:
-    web = _port()
+    web = free_port()
     target = {"targets": [f"127.0.0.1:{exporter}"], "labels": {"pod": "exporter-pod", "namespace": "monitoring"}}
     config = {
         "global": {"scrape_interval": "1s"},

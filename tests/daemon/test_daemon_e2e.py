@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,18 +10,9 @@ import pytest
 
 from tests.exporter.collectors.test_card_metrics import value
 from tests.support.daemon_process import DaemonProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(predicate, timeout: float = 15.0, step: float = 0.1):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(step)
-    raise AssertionError("condition not reached in time")
 
 
 def scrape_if(d: DaemonProcess, check: Callable[[str], bool]) -> str | None:
@@ -45,14 +35,19 @@ def test_hung_gpu_does_not_stall_scrapes_or_other_gpus(tmp_path: Path) -> None:
     with DaemonProcess(tmp_path) as d:
         out = d.xpuctl("simulate", "inject", "hang", "--gpu", "3", "call=sample")
         assert out.returncode == 0, out.stderr
-        text = wait_for(lambda: scrape_if(d, lambda t: value(t, "xpu_gpu_up", gpu="3") == 0))
+        text = wait_until(
+            lambda: scrape_if(d, lambda t: value(t, "xpu_gpu_up", gpu="3") == 0), "GPU 3 down", 15.0, step=0.1
+        )
         assert value(text, "xpu_gpu_sample_failure", gpu="3", code="timeout") == 1
         assert value(text, "xpu_backend_call_timeouts_total", call="sample") == 1
         before = value(text, "xpu_gpu_last_sample_timestamp_seconds", gpu="0") or 0.0
         stuck_before = value(text, "xpu_gpu_last_sample_timestamp_seconds", gpu="3")
         # the other cards keep being sampled while card 3 is stuck; every scrape answers (5 s client timeout)
-        text = wait_for(
-            lambda: scrape_if(d, lambda t: (value(t, "xpu_gpu_last_sample_timestamp_seconds", gpu="0") or 0) > before)
+        text = wait_until(
+            lambda: scrape_if(d, lambda t: (value(t, "xpu_gpu_last_sample_timestamp_seconds", gpu="0") or 0) > before),
+            "GPU 0 sampled again",
+            15.0,
+            step=0.1,
         )
         assert all(value(text, "xpu_gpu_up", gpu=str(g)) == 1 for g in range(8) if g != 3)
         assert value(text, "xpu_gpu_last_sample_timestamp_seconds", gpu="3") == stuck_before
@@ -60,7 +55,7 @@ def test_hung_gpu_does_not_stall_scrapes_or_other_gpus(tmp_path: Path) -> None:
 
         out = d.xpuctl("simulate", "clear", "--gpu", "3")
         assert out.returncode == 0, out.stderr
-        wait_for(lambda: value(d.metrics(), "xpu_gpu_up", gpu="3") == 1)
+        wait_until(lambda: value(d.metrics(), "xpu_gpu_up", gpu="3") == 1, "GPU 3 up again", 15.0, step=0.1)
         assert d.stop() == 0
     assert not (tmp_path / "healthd.sock").exists(), "socket removed on a clean stop"
 

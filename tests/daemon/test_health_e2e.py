@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.test_daemon_e2e import wait_for
 from tests.exporter.collectors.test_card_metrics import value
 from tests.support.daemon_process import DaemonProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ def test_injected_faults_reach_the_fault_list_and_metrics(tmp_path: Path) -> Non
             ok = all(code in out.stdout for code in ("xid_79", "xid_13", "nvlink_down"))
             return out.stdout if ok else None
 
-        faults = wait_for(listed, timeout=20)
+        faults = wait_until(listed, "the three faults listed", 20, step=0.1)
         line79 = next(line for line in faults.splitlines() if "xid_79" in line)
         line13 = next(line for line in faults.splitlines() if "xid_13" in line)
         assert "gpu=3" in line79 and "fatal" in line79
@@ -44,10 +44,17 @@ def test_injected_faults_reach_the_fault_list_and_metrics(tmp_path: Path) -> Non
 
 def test_healthy_simulated_node_raises_no_fault(tmp_path: Path) -> None:
     with DaemonProcess(tmp_path) as d:
-        wait_for(lambda: value(d.metrics(), "xpu_sampler_cycle_seconds") is not None)
+        wait_until(
+            lambda: value(d.metrics(), "xpu_sampler_cycle_seconds") is not None, "a sampler cycle", 15.0, step=0.1
+        )
         # let several sampling cycles and probe evaluations pass
         first = value(d.metrics(), "xpu_backend_calls_total", call="sample") or 0
-        wait_for(lambda: (value(d.metrics(), "xpu_backend_calls_total", call="sample") or 0) >= first + 8 * 5)
+        wait_until(
+            lambda: (value(d.metrics(), "xpu_backend_calls_total", call="sample") or 0) >= first + 8 * 5,
+            "five more cycles",
+            15.0,
+            step=0.1,
+        )
         out = d.xpuctl("faults", "list")
         assert out.returncode == 0
         assert "active" not in out.stdout, out.stdout

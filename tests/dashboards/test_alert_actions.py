@@ -18,9 +18,6 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from exporter.backends.scenario import load_scenario
-from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.config import parse_config
 from healthd.faults.model import Action
@@ -29,6 +26,7 @@ from healthd.probes.base import Probe
 from healthd.xid.catalog import load_catalog
 from tests.support.clock import FakeClock
 from tests.support.paths import REPO
+from tests.support.probe_node import Node
 
 ALERTS = REPO / "alerts"
 NON_NONE = {a.label for a in Action if a > Action.RESTART_APP}
@@ -151,8 +149,6 @@ def test_rules_mirroring_an_xid_recommend_the_catalog_action() -> None:
 
 # --- the probes' own actions, from the simulated node -------------------------------------------------------------
 
-INTERVAL = 5.0
-
 
 @pytest.fixture(scope="module")
 def raised() -> dict[str, set[Action]]:
@@ -160,8 +156,7 @@ def raised() -> dict[str, set[Action]]:
     actions they recommend (keyed by code). A condition that escalates (a hang grows into a reboot) shows each step;
     its fault carries the highest, which is what an alert that waited its ``for:`` must say."""
     clock = FakeClock()
-    backend = SimulatedBackend(load_scenario("h200x8"), clock=clock)
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0), clock=clock)
+    node = Node("h200x8", clock)
     settings = parse_config({"health": {"lost_cards": {"expected_gpus": 9}}}).health
     probes = default_probes(settings, ProbeHost())
     found: dict[str, set[Action]] = {}
@@ -172,8 +167,7 @@ def raised() -> dict[str, set[Action]]:
                 found.setdefault(finding.code, set()).add(finding.action)
 
     def tick() -> Snapshot:
-        clock.advance(INTERVAL)
-        snap = sampler.run_once()
+        snap = node.tick()
         run(snap, clock.now)
         return snap
 
@@ -190,14 +184,13 @@ def raised() -> dict[str, set[Action]]:
             ("compute_mode", 6, {"mode": "prohibited"}),
             ("orphan_memory", 5, {"memory_mib": "8192"}),
         ):
-            backend.inject(kind, gpu, params)
+            node.backend.inject(kind, gpu, params)
         for _ in range(8):
             tick()
         _driver_failures(healthy, clock.now, run)
         _hardware_slowdown(healthy, clock.now, run)
     finally:
-        backend.clear()
-        sampler.stop()
+        node.close()
     return found
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.bus import LatestBus
 from exporter.sampler import Sampler, SamplerConfig
+from tests.support.waiting import eventually
 
 
 def test_a_blocked_subscriber_delays_nothing_and_gets_only_the_newest() -> None:
@@ -31,7 +30,7 @@ def test_a_blocked_subscriber_delays_nothing_and_gets_only_the_newest() -> None:
     bus.subscribe(fast, "fast")
     bus.publish(1)
     picked = threading.Event()
-    threading.Thread(target=lambda: (_until(lambda: slow_seen == [1]), picked.set()), daemon=True).start()
+    threading.Thread(target=lambda: (eventually(lambda: slow_seen == [1], 10.0), picked.set()), daemon=True).start()
     assert picked.wait(10)
     for i in range(2, 51):
         bus.publish(i)  # returns at once although "slow" is stuck in its first message
@@ -89,9 +88,3 @@ def test_a_slow_subscriber_does_not_slow_sampling(sim: SimulatedBackend) -> None
     finally:
         stuck.set()
         sampler.stop()
-
-
-def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition() and time.monotonic() < end:
-        time.sleep(0.005)

@@ -62,26 +62,18 @@ class CountingCollector:
         return ()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def counting() -> CountingCollector:
     return CountingCollector()
 
 
 @pytest.fixture
-def mono() -> Clock:
-    return Clock()
+def mono() -> FakeClock:
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
-def cache(counting: CountingCollector, mono: Clock) -> ExpositionCache:
+def cache(counting: CountingCollector, mono: FakeClock) -> ExpositionCache:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(counting)
     return ExpositionCache(registry, max_age=10.0, monotonic=mono)
@@ -129,7 +121,7 @@ def test_a_scrape_after_a_new_snapshot_sees_new_values(
 
 
 def test_publish_renders_the_formats_scrapers_asked_for_and_nothing_when_no_one_scrapes(
-    server: MetricsHTTPServer, cache: ExpositionCache, counting: CountingCollector, mono: Clock
+    server: MetricsHTTPServer, cache: ExpositionCache, counting: CountingCollector, mono: FakeClock
 ) -> None:
     cache.publish()
     assert counting.calls == 0, "no scraper yet: publishing costs nothing"
@@ -148,7 +140,7 @@ def test_publish_renders_the_formats_scrapers_asked_for_and_nothing_when_no_one_
 
 @pytest.mark.parametrize("phase", [0.3, 2.0, 4.7])
 def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
-    counting: CountingCollector, mono: Clock, phase: float
+    counting: CountingCollector, mono: FakeClock, phase: float
 ) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(counting)
@@ -173,7 +165,9 @@ def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
     assert rendered_at_publish == [30, 45, 60, 75, 90, 105, 120], "then only the Snapshot before each scrape"
 
 
-def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(counting: CountingCollector, mono: Clock) -> None:
+def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(
+    counting: CountingCollector, mono: FakeClock
+) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(counting)
     cache = ExpositionCache(registry, max_age=10.0, interval=5.0, monotonic=mono)
@@ -197,7 +191,7 @@ def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(counting: Co
 
 
 def test_a_stopped_sampler_does_not_freeze_the_values(
-    server: MetricsHTTPServer, cache: ExpositionCache, counting: CountingCollector, mono: Clock
+    server: MetricsHTTPServer, cache: ExpositionCache, counting: CountingCollector, mono: FakeClock
 ) -> None:
     get(server.port, headers={"Accept": TEXT})
     counting.value = 50.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,16 +14,11 @@ import pytest
 
 from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
-from tests.support.faults_helpers import wait_until
 from tests.support.paths import REPO
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 ROOT = REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(tmp: Path, port: int) -> subprocess.Popen[bytes]:
@@ -46,7 +40,7 @@ def _node_health(address: str) -> object | None:
 
 @pytest.mark.e2e
 def test_daemon_serves_health_and_fault_metrics_and_survives_sigkill(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     address = f"unix:{tmp_path / 'run' / 'd.sock'}"
     daemon = _start(tmp_path, port)
     try:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from healthd.faults.fault import FaultFilter, FaultRecord, FaultState, RecordKind
 from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, ProbeReport, Severity
-from tests.support.faults_helpers import GPU0, GPU1, SETTINGS, FakeClock, ecc_finding, ecc_report, make_engine, xid
+from tests.support.clock import FakeClock
+from tests.support.faults_helpers import GPU0, GPU1, SETTINGS, ecc_finding, ecc_report, make_engine, xid
 
 
 def kinds(records: list[FaultRecord]) -> list[str]:

@@ -7,10 +7,6 @@ and still ends with every fault executed exactly once, in sequence order.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -21,24 +17,9 @@ from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 from healthd.faults.fault import FaultFilter
 from healthd.faults.model import Action, Severity
 from healthd.faults.settings import HookSettings
-from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, wait_until, xid
-from tests.support.paths import REPO
-
-ROOT = REPO
-
-
-def start_hook(listen: str, command: str, state: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", listen, "--exec", command,
-         "--state", str(state), "--log-level", "warning"],
-        env=env,
-    )  # fmt: skip
-
-
-def stop_hook(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(30)
+from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, xid
+from tests.support.hook_process import start_hook, stop_hook
+from tests.support.waiting import wait_until
 
 
 def test_hook_down_then_up_gets_every_fault_once_in_order(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 
 from healthd.faults.fault import FaultFilter
-from tests.support.faults_helpers import FakeClock, make_engine, xid
+from tests.support.clock import FakeClock
+from tests.support.faults_helpers import make_engine, xid
 from tests.support.paths import REPO, TESTS
 
 WRITER = textwrap.dedent(
@@ -24,7 +25,8 @@ WRITER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from tests.support.faults_helpers import FakeClock, make_engine, xid
+    from tests.support.clock import FakeClock
+    from tests.support.faults_helpers import make_engine, xid
     clock = FakeClock()
     engine = make_engine(Path({state!r}), clock, dedup_window_seconds=0.0)
     i = 0

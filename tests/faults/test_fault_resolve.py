@@ -14,7 +14,8 @@ from healthd.faults import service as health_service
 from healthd.faults.fault import FaultState
 from healthd.faults.model import Action, Severity
 from healthd.rpc.server import GrpcServer, Service
-from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, FakeClock, ecc_finding, ecc_report, make_engine, xid
+from tests.support.clock import FakeClock
+from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, ecc_finding, ecc_report, make_engine, xid
 
 
 def test_engine_resolves_an_active_fault_and_journals_the_reason(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from the state as of the last commit. bench/slow_journal_bench.py measures the s
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from healthd.faults.journal import Change, Journal
 from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.runner import ProbeRunner
 from tests.support.faults_helpers import DaemonThread
+from tests.support.waiting import eventually
 
 
 class GatedJournal(Journal):
@@ -41,15 +41,6 @@ class GatedJournal(Journal):
         return super().commit(changes, at, touched=touched)
 
 
-def _until(condition: object, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return bool(condition())  # type: ignore[operator]
-
-
 def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Path) -> None:
     journal = GatedJournal(tmp_path / "faults.sqlite")
     backend = SimulatedBackend.from_name("h200x8")
@@ -64,7 +55,7 @@ def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Pat
             backend.inject("remap_failure", 1)
             sampler.run_once()
             sampler.run_once()  # the second evaluation opens the fault: its commit now waits at the gate
-            assert _until(lambda: journal.waiting >= 1)
+            assert eventually(lambda: journal.waiting >= 1, 20.0)
             seqs = [sampler.run_once().seq for _ in range(5)]
             assert seqs == list(range(seqs[0], seqs[0] + 5)), "sampling goes on while the probes wait"
             with grpc.insecure_channel(daemon.address) as channel:
@@ -72,11 +63,12 @@ def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Pat
                 health = stub.GetNodeHealth(pb.GetNodeHealthRequest(), timeout=10)
                 assert [f.code for f in health.active_faults] == [], "a fault not on disk yet is not shown"
                 journal.gate.set()
-                assert _until(
+                assert eventually(
                     lambda: (
                         [f.code for f in stub.GetNodeHealth(pb.GetNodeHealthRequest(), timeout=10).active_faults]
                         == ["ecc_row_remap_failure"]
-                    )
+                    ),
+                    20.0,
                 )
             stats = {s.name: s for s in sampler.subscriber_stats()}
             assert stats["probes"].skipped >= 1, "the probes skipped snapshots instead of holding up the sampler"

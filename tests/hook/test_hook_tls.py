@@ -21,9 +21,10 @@ from healthd.config import Config, ConfigError, parse_config
 from healthd.faults.model import Action, Severity
 from healthd.faults.settings import HookSettings
 from healthd.rpc.transport import load_hook_tls
-from tests.support.faults_helpers import DaemonThread, wait_until, xid
+from tests.support.faults_helpers import DaemonThread, xid
 from tests.support.paths import REPO
 from tests.support.servicehelpers import Pki, make_pki
+from tests.support.waiting import wait_until
 
 ROOT = REPO
 

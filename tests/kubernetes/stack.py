@@ -10,15 +10,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon_process import DaemonProcess, terminate
+from tests.support.daemon_process import DaemonProcess
 from tests.support.kubelet_double import KubeletDouble
 from tests.support.paths import REPO
+from tests.support.servicehelpers import terminate
 
 GPU = "xpu-runtime-kit.io/gpu"
 
@@ -116,12 +116,3 @@ def cdi_names(daemon: DaemonProcess) -> set[str]:
         spec = json.loads(spec_file.read_text())
         names |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
     return names
-
-
-def wait_until(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {limit}s")

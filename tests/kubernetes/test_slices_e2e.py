@@ -12,7 +12,8 @@ import pytest
 
 from healthd.api.v1 import partitions_pb2 as ppb
 from healthd.api.v1 import partitions_pb2_grpc as ppb_grpc
-from tests.kubernetes.stack import GPU, cdi_names, stack, wait_until
+from tests.kubernetes.stack import GPU, cdi_names, stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,8 @@ import pytest
 
 from healthd.api.v1 import topology_pb2 as tpb
 from healthd.api.v1 import topology_pb2_grpc as tpb_grpc
-from tests.kubernetes.stack import GPU, cdi_names, scenario_without_mig, stack, wait_until
+from tests.kubernetes.stack import GPU, cdi_names, scenario_without_mig, stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,8 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
 from healthd.faults.model import Action, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings, read_module_version, scan_dstate
-from tests.support.probe_node import FakeClock, Node, codes, only, status
+from tests.support.clock import FakeClock
+from tests.support.probe_node import Node, codes, only, status
 
 OPEN_MODULE = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "

@@ -12,7 +12,8 @@ from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Action, Severity
 from healthd.probes.lost_cards import INVENTORY_FILE, LostCardProbe, LostCardSettings, scan_pci_gpus
-from tests.support.probe_node import FakeClock, Node, codes, only
+from tests.support.clock import FakeClock
+from tests.support.probe_node import Node, codes, only
 
 H200X8_BUS_IDS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
 

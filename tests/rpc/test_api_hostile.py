@@ -10,10 +10,6 @@ and the last one checks the totals: at least 2,000 examples, and the daemon stil
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,10 +30,9 @@ from healthd.api.v1 import partitions_pb2 as ppb
 from healthd.api.v1 import simulation_pb2 as spb
 from healthd.api.v1 import topology_pb2 as tpb
 from tests.support.daemon_process import DaemonProcess
-from tests.support.paths import REPO
+from tests.support.hook_process import start_hook, stop_hook
 
 pytestmark = pytest.mark.e2e
-ROOT = REPO
 FORBIDDEN = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 PYTHON_TEXT = ("Traceback", "Exception", "invalid literal", "Error parsing", "object has no attribute", "Errno")
 DETAILS_KEY = "grpc-status-details-bin"
@@ -372,17 +367,12 @@ def test_rpc_never_answers_unknown_or_internal(node: Node, rpc: Rpc) -> None:
 def hook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[grpc.Channel]:
     tmp = tmp_path_factory.mktemp("hook")
     sock = tmp / "hook.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", f"unix:{sock}", "--exec", "cat >/dev/null",
-         "--state", str(tmp / "hook.sqlite"), "--log-level", "error"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    proc = start_hook(f"unix:{sock}", "cat >/dev/null", tmp / "hook.sqlite", log_level="error")
     channel = grpc.insecure_channel(f"unix:{sock}")
     grpc.channel_ready_future(channel).result(timeout=60)
     yield channel
     channel.close()
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    assert stop_hook(proc) == 0
 
 
 def test_hook_never_answers_unknown_or_internal(node: Node, hook: grpc.Channel) -> None:

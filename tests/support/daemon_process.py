@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,20 +10,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from tests.support.ports import free_port
-
-
-def terminate(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
+from tests.support.servicehelpers import NotifySocket, terminate
 
 
 class DaemonProcess:
@@ -85,7 +72,8 @@ class DaemonProcess:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
                 if notify is not None:
-                    if self._ready_sent(notify):
+                    message = notify.next(0.1)
+                    if message is not None and message.get("READY") == "1":
                         return self
                     continue
                 try:
@@ -97,27 +85,17 @@ class DaemonProcess:
         finally:
             if notify is not None:  # later messages fail at once in the daemon (the notifier ignores that)
                 notify.close()
-                (self.tmp / "notify.sock").unlink(missing_ok=True)
+                notify.path.unlink(missing_ok=True)
         raise RuntimeError(f"daemon not ready in {ready_timeout}s:\n{self.log.read_text()}")
 
-    def _notify_socket(self) -> socket.socket | None:
+    def _notify_socket(self) -> NotifySocket | None:
         path = self.tmp / "notify.sock"
         if self._caller_notify or len(str(path)) >= 100:
             return None
         path.unlink(missing_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(path))
-        sock.settimeout(0.1)
+        notify = NotifySocket(path)
         self.env = {**self.env, "NOTIFY_SOCKET": str(path)}
-        return sock
-
-    @staticmethod
-    def _ready_sent(notify: socket.socket) -> bool:
-        try:
-            message = notify.recv(4096).decode(errors="replace")
-        except TimeoutError:
-            return False
-        return "READY=1" in message.split("\n")
+        return notify
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         try:

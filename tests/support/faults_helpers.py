@@ -9,6 +9,7 @@ from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.faults.settings import FaultsSettings
+from tests.support.clock import FakeClock
 
 GPU0 = GpuRef(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:18:00.0")
 GPU1 = GpuRef(1, "GPU-bbbbbbbb-1111-1111-1111-111111111111", "00000000:2A:00.0")
@@ -21,17 +22,6 @@ SETTINGS = FaultsSettings(
     event_quiet_seconds=600.0,
     escalation_reboots=2,
 )
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def make_engine(
@@ -134,14 +124,3 @@ class DaemonThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
-
-
-def wait_until(predicate: object, what: str, limit: float = 60.0) -> None:
-    """Poll until predicate() is true; fail the test (never a time assertion) if it never happens."""
-    import time
-
-    deadline = time.monotonic() + limit
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting: {what}")
-        time.sleep(0.02)

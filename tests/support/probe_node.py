@@ -11,21 +11,9 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
 from healthd.faults.model import Finding, ProbeReport
+from tests.support.clock import FakeClock
 
-START = 1_800_000_000.0
 INTERVAL = 5.0
-
-
-class FakeClock:
-    def __init__(self, t: float = START) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> float:
-        self.t += seconds
-        return self.t
 
 
 class Node:
@@ -50,11 +38,6 @@ class Node:
     def close(self) -> None:
         self.backend.clear()
         self.sampler.stop(timeout=1.0)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

@@ -27,6 +27,17 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tests.support.paths import REPO
 
 
+def terminate(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
 class NotifySocket:
     """What systemd listens on: an AF_UNIX datagram socket; messages() yields each datagram as a dict."""
 
@@ -112,13 +123,7 @@ class DaemonProcess:
         self.proc.send_signal(sig)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(10)
+        return terminate(self.proc)
 
 
 def start_daemon(args: Sequence[str], env: dict[str, str], *, python: Sequence[str] | None = None) -> DaemonProcess:

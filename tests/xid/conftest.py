@@ -1,5 +1,5 @@
-"""Fixtures: simulated nodes on a fake clock (tests/support/probe_node.py)."""
+"""Fixtures: simulated nodes on the fake clock of tests/conftest.py (tests/support/probe_node.py)."""
 
-from tests.support.probe_node import clock, h200x1, h200x8
+from tests.support.probe_node import h200x1, h200x8
 
-__all__ = ["clock", "h200x1", "h200x8"]
+__all__ = ["h200x1", "h200x8"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -23,6 +22,7 @@ from healthd.xid.kmsg import (
 )
 from tests.support.kmsg_records import kernel_record
 from tests.support.paths import FIXTURES
+from tests.support.waiting import eventually
 
 FIXTURE = FIXTURES / "kmsg-nvrm.txt"
 
@@ -162,15 +162,6 @@ def test_xid_line_round_trip(
     assert parse_nvrm(record.message) == event
 
 
-def _wait_for(predicate: object, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_reader_follows_a_file_and_skips_continuation_lines(tmp_path: Path) -> None:
     path = tmp_path / "kmsg"
     path.write_text("6,1,1,-;NVRM: old line before start\n")
@@ -190,9 +181,9 @@ def test_reader_follows_a_file_and_skips_continuation_lines(tmp_path: Path) -> N
             f.write(" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")
             f.write("4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 4")  # half a record: waits for the newline
             f.flush()
-            assert _wait_for(lambda: len(seen) >= 1)
+            assert eventually(lambda: len(seen) >= 1, 10.0)
             f.write("8, pid=1, name=a, DBE\n")
-        assert _wait_for(lambda: len(seen) >= 2)
+        assert eventually(lambda: len(seen) >= 2, 10.0)
     finally:
         reader.stop()
     assert [r.seq for r in seen] == [2, 3]
@@ -206,9 +197,9 @@ def test_reader_starts_over_after_truncation(tmp_path: Path) -> None:
     reader = KmsgReader(path, lambda r: seen.append(r.seq), from_start=True, poll_seconds=0.01)
     reader.start()
     try:
-        assert _wait_for(lambda: seen == [1])
+        assert eventually(lambda: seen == [1], 10.0)
         path.write_text("6,2,2,-;x\n")  # shorter than what was read: the file was truncated and rewritten
-        assert _wait_for(lambda: seen == [1, 2])
+        assert eventually(lambda: seen == [1, 2], 10.0)
     finally:
         reader.stop()
 
@@ -224,7 +215,7 @@ def test_reader_survives_a_missing_file_and_a_failing_consumer(tmp_path: Path) -
     reader = KmsgReader(path, flaky, from_start=True, poll_seconds=0.01)
     reader.start()
     try:
-        assert _wait_for(lambda: reader.errors >= 1)
+        assert eventually(lambda: reader.errors >= 1, 10.0)
         assert reader.last_error is not None
     finally:
         reader.stop()
@@ -232,7 +223,7 @@ def test_reader_survives_a_missing_file_and_a_failing_consumer(tmp_path: Path) -
     reader = KmsgReader(path, flaky, from_start=True, poll_seconds=0.01)
     reader.start()
     try:
-        assert _wait_for(lambda: calls == [1, 2])
+        assert eventually(lambda: calls == [1, 2], 10.0)
     finally:
         reader.stop()
 

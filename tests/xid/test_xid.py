@@ -12,8 +12,9 @@ from healthd.faults.model import Action, Finding, Severity
 from healthd.xid.catalog import CatalogError, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_record
 from healthd.xid.watcher import XidTiming, XidWatcher
+from tests.support.clock import FakeClock
 from tests.support.paths import FIXTURES
-from tests.support.probe_node import FakeClock, Node
+from tests.support.probe_node import Node
 
 FIXTURE = FIXTURES / "kmsg-nvrm.txt"
 GPU2_PCI = "0000:3a:00"  # h200x8 GPU 2 is 00000000:3A:00.0

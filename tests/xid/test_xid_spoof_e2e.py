@@ -8,22 +8,17 @@ driver line; the real one must become a fault and reach the hook, the look-alike
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid
-from tests.daemon.test_daemon_e2e import wait_for
 from tests.support.daemon_process import DaemonProcess
-from tests.support.paths import REPO
+from tests.support.hook_process import start_hook, stop_hook
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
-ROOT = REPO
 GPU0_PCI = "0000:18:00"  # h200x8: GPU 0 is 00000000:18:00.0, GPU 3 5D, GPU 5 AB
 GPU3_PCI = "0000:5d:00"
 GPU5_PCI = "0000:ab:00"
@@ -46,12 +41,7 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
     kmsg.write_text("")
     hook_sock = tmp_path / "hook.sock"
     received = tmp_path / "received.jsonl"
-    hook = subprocess.Popen(
-        [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", f"unix:{hook_sock}",
-         "--exec", f"cat >> {received}; echo >> {received}", "--state", str(tmp_path / "hook.sqlite"),
-         "--log-level", "warning"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    hook = start_hook(f"unix:{hook_sock}", f"cat >> {received}; echo >> {received}", tmp_path / "hook.sqlite")
     config = (
         f'[host]\nkmsg_path = "{kmsg}"\n'
         f'[hook]\nendpoints = ["unix:{hook_sock}"]\nmin_action = "replace_node"\n'
@@ -61,7 +51,7 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
         with DaemonProcess(tmp_path, extra_config=config) as d:
             # 1. a real application XID (restart_app: below the hook's level) shows the reader is following
             _append(kmsg, KmsgRecord(4, 1, 10, "-", format_xid(GPU0_PCI, 13, "Graphics Exception", pid=7)))
-            wait_for(lambda: any("xid_13" in line for line in _fault_lines(d)), timeout=30)
+            wait_until(lambda: any("xid_13" in line for line in _fault_lines(d)), "the xid_13 fault", 30, step=0.1)
 
             # 2. look-alikes of a fatal XID 79 on GPU 3
             fatal = format_xid(GPU3_PCI, 79, "GPU has fallen off the bus.")
@@ -78,7 +68,9 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
 
             # 3. the driver's own line for GPU 5, after the look-alikes: the reader handles lines in order
             _append(kmsg, KmsgRecord(3, 7, 30, "-", format_xid(GPU5_PCI, 79, "GPU has fallen off the bus.")))
-            wait_for(lambda: received.exists() and received.read_text().strip(), timeout=60)
+            wait_until(
+                lambda: received.exists() and received.read_text().strip(), "the hook to receive a fault", 60, step=0.1
+            )
 
             lines = _fault_lines(d)
             assert len(lines) == 2, lines
@@ -87,8 +79,7 @@ def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
             metrics = d.metrics()
             assert 'xpu_xid_errors_total{gpu="3"' not in metrics
     finally:
-        hook.send_signal(signal.SIGTERM)
-        hook.wait(30)
+        stop_hook(hook)
     deliveries = [json.loads(line) for line in received.read_text().splitlines() if line.strip()]
     assert len(deliveries) == 1, deliveries
     assert deliveries[0]["fault"]["code"] == "xid_79"

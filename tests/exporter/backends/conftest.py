@@ -1,4 +1,5 @@
-"""The ``backend`` fixture of the Backend contract: every backend it runs on, opened and closed."""
+"""The ``backend`` fixture of the Backend contract: every backend it runs on, opened and closed; ``h200x8``, a
+simulated node on the fake clock (tests/support/probe_node.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import pytest
 
 from exporter.backends.protocol import Backend
 from tests.exporter.backends.contract import BACKENDS, make_backend
+from tests.support.probe_node import h200x8
+
+__all__ = ["backend", "h200x8", "simulated"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,17 +13,9 @@ from exporter.backends.errors import GpuLostError
 from exporter.backends.guarded import GuardedBackend
 from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
+from tests.support.waiting import eventually
 
 FAST = DeadlineSettings(read_seconds=0.2, change_seconds=0.3, open_seconds=0.5)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.fixture
@@ -54,7 +46,7 @@ def test_the_injector_is_the_backends_and_no_lane_carries_it(device: GuardedBack
     assert device.injector is not None
     assert "XID 79 on GPU 3" in device.injector.inject("xid", 3, {"code": "79"}), "a hung card still takes faults"
     assert "GPU 3" in device.injector.clear(3)
-    assert wait_for(lambda: not device.access.hung()), "clearing the hang lets the stuck call return"
+    assert eventually(lambda: not device.access.hung(), 5.0), "clearing the hang lets the stuck call return"
 
 
 def test_backend_errors_pass_through_and_are_counted(device: GuardedBackend, sim: SimulatedBackend) -> None:
@@ -88,7 +80,7 @@ def test_a_hung_card_recovers_when_its_call_returns(device: GuardedBackend, sim:
     with pytest.raises(CallTimeoutError):
         device.sample(5)
     sim.clear(5)
-    assert wait_for(lambda: not device.access.hung())
+    assert eventually(lambda: not device.access.hung(), 5.0)
     assert device.sample(5).memory_used_bytes >= 0
 
 
@@ -168,7 +160,7 @@ def test_hung_lanes_are_found_without_a_waiter(sim: SimulatedBackend) -> None:
     access = DeviceAccess(sim, FAST)
     sim.inject("hang", 4, {"call": "sample"})
     access.submit(4, "sample", lambda: sim.sample(4), FAST.read_seconds)  # nobody waits for it
-    assert wait_for(lambda: bool(access.hung()))
+    assert eventually(lambda: bool(access.hung()), 5.0)
     (hung,) = access.hung()
     assert (hung.scope, hung.call) == (4, "sample")
     assert "GPU 4: sample has not returned after" in hung.describe(access.now())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml
@@ -29,8 +28,9 @@ from exporter.status_page import Problem, card_problems
 from healthd.daemon.status_rows import status_providers
 from healthd.faults.model import Action, ProbeReport, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings
+from tests.support.clock import FakeClock
 from tests.support.faults_helpers import make_engine
-from tests.support.probe_node import FakeClock, Node, codes, only
+from tests.support.probe_node import Node, codes, only
 
 # nvidia-ml-py release -> its NVML_GPU_RECOVERY_ACTION_* constants (pynvml.py of each wheel).
 _R570 = {"NONE": 0, "GPU_RESET": 1, "NODE_REBOOT": 2, "DRAIN_P2P": 3, "DRAIN_AND_RESET": 4}
@@ -123,13 +123,6 @@ def test_metric_code_is_branch_independent() -> None:
 
 
 # --- the driver probe, the metric and the status page on a simulated node (driver 580.159.04) --------------------
-
-
-@pytest.fixture
-def h200x8() -> Iterator[Node]:
-    node = Node("h200x8", FakeClock())
-    yield node
-    node.close()
 
 
 def _with_driver(snapshot: Snapshot, version: str) -> Snapshot:

@@ -161,8 +161,8 @@ def test_config_option(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
     """DCGM_FI_DEV_XID_ERRORS carries the last XID the daemon's fault pipeline saw on each card."""
-    from tests.daemon.test_daemon_e2e import wait_for
     from tests.support.daemon_process import DaemonProcess
+    from tests.support.waiting import wait_until
 
     with DaemonProcess(tmp_path, extra_config="[exporter]\ndcgm_compat = true\n") as d:
         assert d.xpuctl("simulate", "inject", "xid", "--gpu", "2", "code=48").returncode == 0
@@ -176,7 +176,7 @@ def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
                         out[s.labels["gpu"]] = s.value
             return out if out.get("2") == 79 else {}
 
-        seen = wait_for(last_xid, timeout=20)
+        seen = wait_until(last_xid, "XID 79 on GPU 2 in DCGM form", 20, step=0.1)
         assert seen["0"] == 0, "a card without XIDs reports 0, as dcgm-exporter does"
 
 

@@ -32,19 +32,12 @@ from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.runner import ProbeRunner
 from healthd.xid.catalog import load_catalog
 from healthd.xid.watcher import XidWatcher
+from tests.support.clock import FakeClock
 from tests.support.paths import TESTS
 
 GOLDEN = TESTS / "golden" / "h200x1.prom"
 START = 1_800_000_000.0
 INTERVAL = 5.0
-
-
-class FixedClock:
-    def __init__(self) -> None:
-        self.t = START
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _no_elapsed() -> float:
@@ -54,7 +47,7 @@ def _no_elapsed() -> float:
 
 @pytest.fixture
 def exposition(tmp_path: Path) -> Iterator[str]:
-    clock = FixedClock()
+    clock = FakeClock(START)
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock)
     config = SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0)
     sampler = Sampler(backend, config, clock=clock, monotonic=_no_elapsed)
@@ -63,14 +56,14 @@ def exposition(tmp_path: Path) -> Iterator[str]:
     runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), engine, clock)
     try:
         for _ in range(2):  # two samples: counters have a previous value to compare with
-            clock.t += INTERVAL
+            clock.advance(INTERVAL)
             runner.on_snapshot(sampler.run_once())
         watcher = XidWatcher(backend, None, load_catalog(), engine, clock, sampler.latest)
         backend.inject("xid", 0, {"code": "79"})
         event = backend.wait_event(0)
         assert event is not None
         watcher.on_device_event(event)
-        clock.t += INTERVAL
+        clock.advance(INTERVAL)
         runner.on_snapshot(sampler.run_once())
         collectors = [
             *default_collectors(),

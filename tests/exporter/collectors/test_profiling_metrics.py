@@ -35,16 +35,6 @@ CARD_SERIES = (
 MIG_SERIES = tuple(name.replace("xpu_gpu_", "xpu_mig_") for name in CARD_SERIES)
 
 
-class Ticker:
-    """One clock for the sampler's wall time, its monotonic time and the simulated node."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-
-    def monotonic(self) -> float:
-        return self.clock.now
-
-
 Parsed = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -74,7 +64,8 @@ def cycles(sampler: Sampler, clock: FakeClock, count: int, step: float = 5.0) ->
 
 @pytest.fixture
 def sampler(sim: SimulatedBackend, clock: FakeClock) -> Iterator[Sampler]:
-    s = Sampler(sim, CONFIG, clock=clock, monotonic=Ticker(clock).monotonic)
+    # one clock for the sampler's wall time, its monotonic time and the simulated node
+    s = Sampler(sim, CONFIG, clock=clock, monotonic=clock)
     yield s
     s.stop()
 
@@ -144,7 +135,7 @@ def test_pcie_rates_come_from_gpm_and_the_slow_call_stops(sampler: Sampler, cloc
 def test_without_gpm_pcie_falls_back_to_the_sampling_window_every_30s(clock: FakeClock) -> None:
     backend = SimulatedBackend(load_scenario("h200x8"), clock=clock, gpm=False)
     backend.open()
-    sampler = Sampler(backend, CONFIG, clock=clock, monotonic=Ticker(clock).monotonic)
+    sampler = Sampler(backend, CONFIG, clock=clock, monotonic=clock)
     try:
         snap = cycles(sampler, clock, 13)  # 60 s at 5 s
         text = render(snap)
@@ -171,7 +162,7 @@ class FailingProfiling(SimulatedBackend):
 def test_a_failing_profiling_call_degrades_only_profiling(clock: FakeClock) -> None:
     backend = FailingProfiling(load_scenario("h200x8"), clock=clock)
     backend.open()
-    sampler = Sampler(backend, CONFIG, clock=clock, monotonic=Ticker(clock).monotonic)
+    sampler = Sampler(backend, CONFIG, clock=clock, monotonic=clock)
     try:
         snap = cycles(sampler, clock, 2)
     finally:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from exporter.topology.layout import LayoutError, simulated_sysfs
 from exporter.topology.model import Link, LinkKind
 from exporter.topology.nfd import FeatureFilePublisher
 from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_hung_nvlink_read_is_bounded_and_not_repeated(node: tuple[SimulatedBacke
     assert any("GPU 3: not answering (nvlink_peers stuck)" in w for w in t2.warnings), t2.warnings
     backend.clear()
     access = refresher._device.access
-    assert _wait(lambda: not access.hung()), "the lane frees itself once the stuck call returns"
+    assert eventually(lambda: not access.hung(), 5.0), "the lane frees itself once the stuck call returns"
     t3 = refresher.refresh()
     assert t3 is not None
     assert t3.link(3, 2).label == "NV18"
@@ -188,12 +188,3 @@ def test_metrics_pass_promtool_and_feature_file_written(
     assert "xpu.feature.node.kubernetes.io/gpu.nvlink=nvswitch" in lines
     assert "xpu.feature.node.kubernetes.io/network.block=b07" in lines
     assert [p.name for p in features.iterdir()] == ["xpu-runtime-kit"]
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
