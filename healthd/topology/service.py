@@ -22,7 +22,7 @@ from healthd.rpc.errors import (
     not_found,
     unavailable,
 )
-from healthd.rpc.validation import InvalidField, parse_gpu_ref, quote
+from healthd.rpc.validation import GpuRef, InvalidField, parse_gpu_ref, quote
 
 _KIND_TO_PB = {kind: getattr(pb, f"LINK_KIND_{kind.name}") for kind in LinkKind}
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
@@ -160,12 +160,15 @@ class TopologyService(pb_grpc.TopologyServicer):
                 raise invalid_argument(field, f"at most {MAX_IDS} device ids")
         if request.count == 0:
             raise invalid_argument("count", "must be at least 1")
-        topology = await self._topology(context)
-        try:
-            available = resolve_ids(topology, request.available, "available")
-            must = resolve_ids(topology, request.must_include, "must_include")
+        try:  # a malformed id is INVALID_ARGUMENT whether or not the topology is known yet
+            available_refs = [parse_gpu_ref(raw, "available") for raw in request.available]
+            must_refs = [parse_gpu_ref(raw, "must_include") for raw in request.must_include]
         except InvalidField as exc:
             raise from_invalid_field(exc) from None
+        topology = await self._topology(context)
+        try:
+            available = resolve_ids(topology, available_refs, "available")
+            must = resolve_ids(topology, must_refs, "must_include")
         except LookupError as exc:
             field, name, message = exc.args
             raise not_found("gpu", name, message, field=field) from None
@@ -213,14 +216,13 @@ class TopologyService(pb_grpc.TopologyServicer):
         )
 
 
-def resolve_ids(topology: Topology, ids: Sequence[str], field: str) -> list[int]:
-    """GPU indices ("3") or UUIDs -> indices. InvalidField for malformed ids; LookupError(field, id, message) for
-    unknown ones. Only ASCII digits make an index ("٣" is not GPU 3)."""
+def resolve_ids(topology: Topology, refs: Sequence[GpuRef], field: str) -> list[int]:
+    """Parsed GPU references (parse_gpu_ref: only ASCII digits make an index) -> indices on this node;
+    LookupError(field, id, message) for unknown ones."""
     by_uuid = {g.uuid.lower(): g.index for g in topology.gpus}
     indices = {g.index for g in topology.gpus}
     out: list[int] = []
-    for raw in ids:
-        ref = parse_gpu_ref(raw, field)
+    for ref in refs:
         if ref.index is not None:
             if ref.index not in indices:
                 raise LookupError(

@@ -163,6 +163,20 @@ def test_unavailable_until_collected(tmp_path: Path) -> None:
             assert "GPU inventory not known yet" in info.value.details()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("gpu", ["²", "٣", "1" * 5000])
+def test_a_malformed_id_is_invalid_argument_before_the_topology_is_known(tmp_path: Path, gpu: str) -> None:
+    """Bad input is the caller's error whatever the daemon's state: checked before waiting for the topology."""
+    with Server(tmp_path / "s.sock", lambda: None) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.TopologyStub(channel)  # type: ignore[no-untyped-call]
+        for request in (
+            pb.PreferredAllocationRequest(count=1, available=[gpu]),
+            pb.PreferredAllocationRequest(count=1, must_include=[gpu]),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.PreferredAllocation(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+
+
 def test_xpuctl_topology_prints_the_matrix(hgx_server: Server, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--socket", hgx_server.address, "topology"]) == 0
     assert capsys.readouterr().out == render_matrix(fixture_topology("hgx_nvswitch"))
