@@ -1,4 +1,5 @@
-"""The layers run one way: exporter never imports healthd, the device plugin imports neither, and no package has
+"""The layers run one way: exporter never imports healthd, the container layer (deviceplugin, container) imports
+neither but the daemon's generated API, and no package has
 an import cycle (counting every import in a module: lazy ones inside functions and TYPE_CHECKING ones too, since a
 cycle hidden that way is still one)."""
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.support.paths import REPO
 
-PACKAGES = ("exporter", "healthd", "deviceplugin")
+PACKAGES = ("exporter", "healthd", "deviceplugin", "container")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 
 
@@ -99,6 +100,17 @@ def test_the_device_plugin_talks_to_the_daemon_only_through_its_api() -> None:
         if name.startswith("deviceplugin")
         for target in targets
         if target.startswith(("exporter", "healthd")) and not target.startswith("healthd.api")
+    )
+    assert bad == []
+
+
+def test_the_container_layer_talks_to_the_daemon_only_through_its_api() -> None:
+    bad = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if name.startswith("container")
+        for target in targets
+        if target.startswith(("exporter", "healthd", "deviceplugin")) and not target.startswith("healthd.api")
     )
     assert bad == []
 
