@@ -214,6 +214,7 @@ def test_tdm_partition_in_a_container(setup: Setup) -> None:
     for key, value in edits.env.items():
         assert seen.env.get(key) == value, key
     assert seen.env["CUDA_VISIBLE_DEVICES"] == setup.tdm.gpu_uuid
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert seen.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     pipe = edits.env["CUDA_MPS_PIPE_DIRECTORY"]
     assert pipe in seen.mounts  # the MPS pipe directory of this partition
@@ -231,7 +232,7 @@ def test_mig_partition_in_a_container(setup: Setup) -> None:
     seen = run_in_container(setup, setup.mig.id)
     assert setup.mig.mig is not None
     assert seen.env["CUDA_VISIBLE_DEVICES"] == setup.mig.mig.uuid
-    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == setup.mig.mig.uuid
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void"  # a legacy nvidia-container-runtime adds nothing more
     assert "CUDA_MPS_PIPE_DIRECTORY" not in seen.env
     gi, ci = setup.mig.mig.gpu_instance_id, setup.mig.mig.compute_instance_id
     gi_minor = gpu_instance_minor(6, gi)  # numbered like the kernel module: 3 + 135 * gpu + 9 * gi
