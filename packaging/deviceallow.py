@@ -132,9 +132,9 @@ def report(unit_text: str, devices_text: str, dev: Path) -> tuple[list[str], boo
     nodes = nvidia_nodes(dev)
     lines.append(f"NVIDIA device nodes under {dev}:")
     denied = False
-    names = {major: name for major, name in devices["c"]}
+    not_needed = {major: NOT_NEEDED[name] for major, name in devices["c"] if name in NOT_NEEDED}
     for node in nodes:
-        if (why := NOT_NEEDED.get(names.get(node.major, ""))) is not None:
+        if (why := not_needed.get(node.major)) is not None:
             lines.append(f"  {node.path} {node.major}:{node.minor}: {why}")
             continue
         ok = allows(rules, devices, node, "rw") or allows(rules, devices, node, "r")
