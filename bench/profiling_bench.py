@@ -61,6 +61,7 @@ def stub_gpm() -> Iterator[None]:
         "nvmlGpmMetricsGet": metrics,
         "nvmlDeviceGetEncoderUtilization": lambda _handle: [0, 100000],
         "nvmlDeviceGetDecoderUtilization": lambda _handle: [0, 100000],
+        "nvmlSystemGetCudaDriverVersion_v2": lambda: 13000,  # R580: the metric ids its nvml.h defines
     }
     originals = {name: getattr(pynvml, name, None) for name in stubs}
     for name, fn in stubs.items():

@@ -55,6 +55,7 @@ fi
 for unit in xpu-healthd.service xpu-nvidia-modprobe.service; do
   install -D -m 0644 "$ROOT/packaging/systemd/$unit" "$STAGE/usr/lib/systemd/system/$unit"
 done
+install -D -m 0755 "$ROOT/packaging/libexec/xpu-nvidia-device-nodes" "$STAGE$PREFIX/libexec/xpu-nvidia-device-nodes"
 install -D -m 0644 "$ROOT/packaging/deb/sysusers.conf" "$STAGE/usr/lib/sysusers.d/xpu-runtime-kit.conf"
 install -D -m 0644 "$ROOT/packaging/healthd.toml" "$STAGE/etc/xpu-runtime-kit/healthd.toml"
 install -D -m 0644 "$ROOT/docs/operations.md" "$STAGE$PREFIX/share/doc/operations.md"

@@ -9,7 +9,8 @@ device number, read when the unit starts. Both are resolved once, when systemd s
     python3 packaging/deviceallow.py [--unit FILE] [--proc-devices FILE] [--dev DIR]
 
 prints each rule with what it resolved to, then every NVIDIA node under DIR (default /dev) as allowed or DENIED,
-and exits 1 when one is denied. Standard library only: it also runs on a bare GPU node.
+and exits 1 when one is denied. Nodes the daemon never opens (IMEX channels, see NOT_NEEDED) are listed as such and
+never count as denied. Standard library only: it also runs on a bare GPU node.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent / "systemd" / "xpu-healthd.service"
+# /proc/devices names of drivers whose nodes the daemon has no use for, and why. "nvidia-caps-imex-channels" (driver
+# 550 and later, nv-caps-imex.c) numbers /dev/nvidia-caps-imex-channels/channelN, the IMEX channels of multi-node
+# NVLink jobs: containers get them from the runtime, the daemon never opens one, so the unit leaves them out.
+NOT_NEEDED = {"nvidia-caps-imex-channels": "not needed (IMEX channel; the daemon never opens one)"}
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,11 @@ def report(unit_text: str, devices_text: str, dev: Path) -> tuple[list[str], boo
     nodes = nvidia_nodes(dev)
     lines.append(f"NVIDIA device nodes under {dev}:")
     denied = False
+    not_needed = {major: NOT_NEEDED[name] for major, name in devices["c"] if name in NOT_NEEDED}
     for node in nodes:
+        if (why := not_needed.get(node.major)) is not None:
+            lines.append(f"  {node.path} {node.major}:{node.minor}: {why}")
+            continue
         ok = allows(rules, devices, node, "rw") or allows(rules, devices, node, "r")
         denied |= not ok
         mode = "rw" if allows(rules, devices, node, "rw") else "r" if ok else "DENIED"

@@ -97,6 +97,8 @@ def cmd_create(args: argparse.Namespace, channel: grpc.Channel) -> int:
         request_id=args.request_id,
         allow_faulty_gpus=args.allow_faulty_gpus,
     )
+    if args.uid is not None:
+        request.client_uid = args.uid
     with grpc.insecure_channel(admin_address(args)) as admin:
         partition = _stub(admin).CreatePartition(request, timeout=args.timeout)
     _print_partitions([partition], args.json)
@@ -119,6 +121,8 @@ def cmd_get(args: argparse.Namespace, channel: grpc.Channel) -> int:
         print(json.dumps(json_format.MessageToDict(partition), indent=2))
     else:
         _print_partitions([partition], False)
+        if partition.HasField("client_uid"):
+            print(f"  client uid {partition.client_uid}")
         for key, value in sorted(partition.env.items()):
             print(f"  env {key}={value}")
     return 0
@@ -225,6 +229,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     create.add_argument("--ttl", type=argtypes.seconds, default=0.0, help="lease seconds (0: the daemon's default)")
     create.add_argument("--request-id", default="", help="idempotency key: a retry returns the same partition")
+    create.add_argument(
+        "--uid",
+        type=argtypes.uint(0xFFFFFFFE),
+        default=None,
+        help="tdm: the uid the partition's CUDA processes run as; on a card in tdm sharing 'shared' partitions "
+        "for another uid are then refused, since its one MPS daemon serves one uid at a time",
+    )
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_create)
 

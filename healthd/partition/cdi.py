@@ -105,11 +105,18 @@ def edits_json(edits: ContainerEdits) -> dict[str, Any]:
     return out
 
 
+# Spec-level env of every spec, as nvidia-container-toolkit's own specs carry it (pkg/nvcdi/wrapper.go,
+# GetCommonEdits): a legacy nvidia-container-runtime (its prestart hook, NVIDIA_VISIBLE_DEVICES in the container's
+# env) would otherwise add the cards a second time, beside the nodes and libraries this spec gives. "void" tells it
+# to add nothing; CUDA itself reads CUDA_VISIBLE_DEVICES. It overrides the same variable set by a device plugin.
+LEGACY_RUNTIME_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+
+
 def build_spec(devices: Iterable[tuple[str, ContainerEdits]], common: ContainerEdits | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"cdiVersion": EARLIEST_VERSION, "kind": CDI_KIND}
     shared = edits_json(common) if common is not None else {}
-    if shared:
-        spec["containerEdits"] = shared
+    shared["env"] = [*shared.get("env", []), LEGACY_RUNTIME_ENV]
+    spec["containerEdits"] = shared
     spec["devices"] = [
         {"name": name, "containerEdits": edits_json(edits)} for name, edits in sorted(devices, key=lambda d: d[0])
     ]

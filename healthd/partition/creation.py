@@ -12,7 +12,15 @@ import structlog
 
 from healthd.partition import planner
 from healthd.partition.device_calls import driver, placement_of
-from healthd.partition.errors import Kind, PartitionError, exhausted, invalid, precondition, unavailable
+from healthd.partition.errors import (
+    Kind,
+    PartitionError,
+    UidConflictError,
+    exhausted,
+    invalid,
+    precondition,
+    unavailable,
+)
 from healthd.partition.ledger import PartitionLedger
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsError
@@ -34,10 +42,19 @@ class CreateRequest:
     request_id: str = ""
     lease_ttl_seconds: float = 0.0
     allow_faulty_gpus: bool = False  # "any": also cards whose faults take them out of service
+    client_uid: int | None = None  # TDM: the uid its CUDA processes run as, when known (sharing.py, admit_uid)
 
     def fingerprint(self) -> str:
-        text = repr((self.owner, self.gpu, self.compute_percent, self.memory_mib, self.lease_ttl_seconds))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        fields: tuple[object, ...] = (
+            self.owner,
+            self.gpu,
+            self.compute_percent,
+            self.memory_mib,
+            self.lease_ttl_seconds,
+        )
+        if self.client_uid is not None:  # appended only when given: ids of requests from before keep their match
+            fields += (self.client_uid,)
+        return hashlib.sha256(repr(fields).encode()).hexdigest()[:32]
 
 
 class PartitionCreation(PartitionLedger):
@@ -121,14 +138,20 @@ class PartitionCreation(PartitionLedger):
             )
         candidates = [c for c in candidates if c[0] not in faulty | hung]
         last: PartitionError | None = None
+        refused: PartitionError | None = None  # a card that would make this uid's clients wait (sharing.admit_uid)
         for gpu in self._order_any(candidates, quota):
             async with self._card_locks[gpu]:
                 try:
                     return await self._create_on(gpu, request, quota)
                 except PartitionError as exc:
+                    if isinstance(exc, UidConflictError):
+                        refused = exc
+                        continue
                     if exc.kind not in (Kind.EXHAUSTED, Kind.INVALID, Kind.UNAVAILABLE):
                         raise
                     last = exc
+        if last is None and refused is not None:
+            raise refused  # every card was refused for its uid: say so, not "full"
         assert last is not None
         raise exhausted(f"no card can hold the request: {last.message}")
 
@@ -154,9 +177,11 @@ class PartitionCreation(PartitionLedger):
             lease_expires_at=lease_expires,
             request_id=request.request_id,
             request_fingerprint=request.fingerprint() if request.request_id else "",
+            client_uid=request.client_uid,
         )
         if mode is CardMode.TDM:
             on_card = [r for r in self._records.values() if r.gpu == gpu]
+            self._card_sharing(gpu).admit_uid(gpu, request.client_uid, on_card)
             planner.admit_tdm(
                 (Quota(r.compute_percent, r.memory_mib) for r in on_card), quota, info.memory_total_bytes // MIB
             )

@@ -10,8 +10,11 @@ libnvidia-container lists), found through the ld.so cache (``ldconfig -p``) like
 - when the driver version is known (``/proc/driver/nvidia/version``), only files of that version are taken, so a
   leftover library of an older driver is never handed out;
 - the binaries (nvidia-smi, the MPS control and server, ...) go to ``/usr/bin`` in the container;
-- a createContainer hook refreshes the container's ld.so cache for the library folders (see ``cdi_hook``), so
-  images whose loader does not search the host's library directory still find them.
+- createContainer hooks (``cdi_hook``), in nvidia-container-toolkit's order (pkg/nvcdi/driver-nvml.go): the
+  development links (``libcuda.so -> libcuda.so.1`` always, as the toolkit makes it; ``libX.so -> libX.so.N``
+  where the host has that link too, internal/discover/symlinks.go), CUDA forward compatibility for images newer
+  than the driver (``--host-driver-version``), and the container's ld.so cache for the library folders, so images
+  whose loader does not search the host's library directory still find them.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class DriverFiles:
     libraries: tuple[Mount, ...]
     binaries: tuple[Mount, ...]
     skipped: tuple[str, ...]  # "<path>: why", for the log
+    links: tuple[tuple[str, str], ...] = ()  # (target, link) development links to make in the container
+    driver_version: str | None = None  # the kernel module's, for the forward-compatibility check
 
     @property
     def folders(self) -> tuple[str, ...]:
@@ -138,6 +143,20 @@ def find_libraries(
     return mounts, skipped
 
 
+def development_links(
+    libraries: Iterable[Mount], exists: Callable[[str], bool] = os.path.lexists
+) -> list[tuple[str, str]]:
+    """(target, link): ``libX.so -> <soname>`` beside each mounted library whose host folder has that link, and
+    ``libcuda.so -> libcuda.so.1`` whatever the host has (the toolkit's rule: applications dlopen "libcuda.so")."""
+    links = []
+    for mount in libraries:
+        soname = Path(mount.container_path).name
+        dev_name = soname.split(".so.", 1)[0] + ".so"
+        if dev_name == "libcuda.so" or exists(str(Path(mount.host_path).parent / dev_name)):
+            links.append((soname, str(Path(mount.container_path).parent / dev_name)))
+    return list(dict.fromkeys(links))
+
+
 def find_binaries(dirs: Iterable[str] = BINARY_DIRS, names: Iterable[str] = BINARIES) -> list[Mount]:
     mounts = []
     for name in names:
@@ -167,11 +186,19 @@ def discover(
     machine: str | None = None,
     binary_dirs: Iterable[str] = BINARY_DIRS,
 ) -> DriverFiles:
+    version = driver_version(proc_root)
     libraries, skipped = find_libraries(
-        parse_ldconfig(ldcache_text), version=driver_version(proc_root), machine=machine or platform.machine()
+        parse_ldconfig(ldcache_text), version=version, machine=machine or platform.machine()
     )
-    binaries = find_binaries(binary_dirs) if libraries else []
-    return DriverFiles(tuple(libraries), tuple(binaries), tuple(skipped))
+    if not libraries:
+        return DriverFiles((), (), tuple(skipped))
+    return DriverFiles(
+        tuple(libraries),
+        tuple(find_binaries(binary_dirs)),
+        tuple(skipped),
+        links=tuple(development_links(libraries)),
+        driver_version=version,
+    )
 
 
 def builtin_hook_path() -> str | None:
@@ -183,18 +210,31 @@ def builtin_hook_path() -> str | None:
     return os.path.abspath(found) if found else None
 
 
-def driver_edits(files: DriverFiles, hook_path: str | None) -> ContainerEdits | None:
-    """Spec-level edits: the mounts, and the ldcache hook for the library folders (when the hook is installed)."""
-    mounts = (*files.libraries, *files.binaries)
-    if not mounts:
-        return None
-    hooks: tuple[Hook, ...] = ()
-    if files.folders and hook_path is not None:
+def driver_hooks(files: DriverFiles, hook_path: str) -> tuple[Hook, ...]:
+    """create-symlinks, enable-cuda-compat, update-ldcache: what nvidia-ctk's specs run, in its order."""
+    hooks = []
+    if files.links:
+        args = [HOOK_SCRIPT, "create-symlinks"]
+        for target, link in files.links:
+            args += ["--link", f"{target}::{link}"]
+        hooks.append(Hook("createContainer", hook_path, tuple(args)))
+    if files.driver_version is not None:
+        args = [HOOK_SCRIPT, "enable-cuda-compat", "--host-driver-version", files.driver_version]
+        hooks.append(Hook("createContainer", hook_path, tuple(args)))
+    if files.folders:
         args = [HOOK_SCRIPT, "update-ldcache"]
         for folder in files.folders:
             args += ["--folder", folder]
-        hooks = (Hook("createContainer", hook_path, tuple(args)),)
-    return ContainerEdits(mounts=mounts, hooks=hooks)
+        hooks.append(Hook("createContainer", hook_path, tuple(args)))
+    return tuple(hooks)
+
+
+def driver_edits(files: DriverFiles, hook_path: str | None) -> ContainerEdits | None:
+    """Spec-level edits: the mounts, and the hooks that complete them (when the hook script is installed)."""
+    mounts = (*files.libraries, *files.binaries)
+    if not mounts:
+        return None
+    return ContainerEdits(mounts=mounts, hooks=driver_hooks(files, hook_path) if hook_path is not None else ())
 
 
 def discover_driver_edits(proc_root: Path = Path("/proc")) -> ContainerEdits | None:
@@ -216,6 +256,8 @@ def discover_driver_edits(proc_root: Path = Path("/proc")) -> ContainerEdits | N
         libraries=len(files.libraries),
         binaries=len(files.binaries),
         folders=list(files.folders),
-        ldcache_hook=hook or "none (xpu-cdi-hook not installed)",
+        links=len(files.links),
+        driver_version=files.driver_version or "unknown (no forward-compatibility check)",
+        hooks=hook or "none (xpu-cdi-hook not installed)",
     )
     return edits

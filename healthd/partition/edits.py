@@ -40,14 +40,12 @@ def container_edits(
 ) -> ContainerEdits:
     if record.mode is CardMode.MIG:
         assert record.mig is not None
-        visible = record.mig.uuid
-        env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+        env = {"CUDA_VISIBLE_DEVICES": record.mig.uuid}  # NVIDIA_VISIBLE_DEVICES: "void" for the spec (cdi.py)
         nodes = devices.mig_nodes(gpu_minor, record.mig.gpu_instance_id, record.mig.compute_instance_id)
         return ContainerEdits(env=env, device_nodes=nodes)
     assert pipe_dir is not None
     env = {
         "CUDA_VISIBLE_DEVICES": record.gpu_uuid,
-        "NVIDIA_VISIBLE_DEVICES": record.gpu_uuid,
         "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
     }
     # The daemon's defaults already hold these; the env states them so a client sees its quota (and can go lower).

@@ -22,6 +22,13 @@ class PartitionError(Exception):
         self.message = message
 
 
+class UidConflictError(PartitionError):
+    """FAILED_PRECONDITION: the card's MPS control daemon serves another uid's clients (sharing.py, admit_uid)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Kind.PRECONDITION, message)
+
+
 def invalid(message: str) -> PartitionError:
     return PartitionError(Kind.INVALID, message)
 

@@ -31,6 +31,18 @@ __all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager
 log = structlog.get_logger("partition")
 
 
+def mig_mode_steps(gpu: int, enable: int) -> str:
+    """How to change a card's MIG mode (or reset it) by hand. ``nvidia-smi -mig`` and ``-r`` refuse while any process
+    holds the card through NVML or CUDA ("In use by another client"), and this daemon is such a process (it samples
+    every card), as is every MPS control daemon it started (the ``xpu-mps-*`` units)."""
+    return (
+        f"as root, stop this daemon and its MPS control daemons first (`systemctl stop xpu-healthd 'xpu-mps-*'`: "
+        f"nvidia-smi refuses while any NVML or CUDA client holds the card; this also pauses TDM partitions on other "
+        f"cards, whose daemons xpu-healthd starts again), run `nvidia-smi -i {gpu} -mig {enable}`, then "
+        f"`systemctl start xpu-healthd`"
+    )
+
+
 class PartitionManager(PartitionCreation):
     """The whole life cycle: start and recovery, card modes, create (PartitionCreation), delete, leases,
     reconcile passes and owner changes; what it knows is in PartitionLedger."""
@@ -124,15 +136,15 @@ class PartitionManager(PartitionCreation):
                 raise unavailable(f"{exc.message}; the mode stays {current}") from None
             if mode is CardMode.MIG and not self._hw_mig[gpu]:
                 raise precondition(
-                    f"GPU {gpu} does not have MIG mode enabled in hardware; as root, with the card idle, run "
-                    f"`nvidia-smi -i {gpu} -mig 1` (a GPU reset may be needed), then retry"
+                    f"GPU {gpu} does not have MIG mode enabled in hardware; {mig_mode_steps(gpu, 1)} (a GPU reset "
+                    "may be needed), then retry"
                 )
             if mode is CardMode.MIG and not self._profiles[gpu]:
                 raise precondition(f"GPU {gpu} reports no MIG profiles")
             if mode is CardMode.TDM and self._hw_mig[gpu]:
                 raise precondition(
-                    f"GPU {gpu} has MIG mode enabled in hardware; TDM needs the whole card: run "
-                    f"`nvidia-smi -i {gpu} -mig 0` (with no MIG instances left), then retry"
+                    f"GPU {gpu} has MIG mode enabled in hardware; TDM needs the whole card: with no MIG instances "
+                    f"left, {mig_mode_steps(gpu, 0)}, then retry"
                 )
             await self._store(self.store.set_card_mode, self._infos[gpu].uuid, mode, str(policy or ""))
             self._modes[gpu] = mode

@@ -118,3 +118,4 @@ class PartitionRecord:
     request_fingerprint: str = ""
     mig: MigPlacement | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    client_uid: int | None = None  # TDM: the uid its CUDA processes run as, when the creator said (sharing.py)

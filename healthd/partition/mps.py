@@ -93,7 +93,7 @@ class NvidiaMpsControl:
         return str(done.stdout).strip()
 
     def start(self, spec: MpsDaemonSpec) -> None:
-        _private_dirs(spec)
+        _make_dirs(spec)
         try:
             self.launcher.launch(self._binary, spec, self._env(spec), self._timeout)
         except LaunchError as exc:
@@ -130,7 +130,7 @@ class _SimDaemon:
 class SimulatedMpsControl:
     """A stand-in for nodes without MPS (the simulated node, CI): keeps daemons as in-process objects.
 
-    It accepts the same command text the real daemon gets and records it, creates the private directories and a
+    It accepts the same command text the real daemon gets and records it, creates the same directories and a
     ``control`` marker, and lets tests kill a daemon to exercise restarts. It enforces nothing on any GPU.
     """
 
@@ -143,7 +143,7 @@ class SimulatedMpsControl:
         self.commands: list[tuple[str, str]] = []  # (partition id, command text)
 
     def start(self, spec: MpsDaemonSpec) -> None:
-        _private_dirs(spec)
+        _make_dirs(spec)
         (spec.pipe_dir / "control").touch()
         daemon = _SimDaemon(spec)
         for text in spec.default_commands():
@@ -179,13 +179,35 @@ class SimulatedMpsControl:
             return set(self._daemons)
 
 
-def _private_dirs(spec: MpsDaemonSpec) -> None:
-    # The pipe directory is mounted into the partition's containers, whose users must reach the pipes: 0755 owned
-    # by the daemon. The log directory stays private (0700).
-    spec.pipe_dir.mkdir(parents=True, exist_ok=True)
-    spec.log_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(spec.pipe_dir, 0o755)
-    os.chmod(spec.log_dir, 0o700)
+# Modes of the MPS directories: <runtime_dir>/mps/ and mps/<id>/ hold a partition's pipe/ and log/.
+#
+# What needs them: the control daemon runs as root, but it starts each MPS server under the uid of the client that
+# asked (nvidia-cuda-mps-control(1): "launches an MPS server with the same user id (UID) as that of the requesting
+# client process"), and that server opens <pipe>/log and connects to <pipe>/control, the daemon's own endpoints
+# (as traced on driver 580 in bottlerocket-os/bottlerocket#4673, where a 0700 directory above the pipe directory
+# made a uid-1000 server exit with EACCES on both). A client outside a container also connects to <pipe>/control
+# by its host path. So every directory from the runtime directory down to pipe/ must be searchable by any uid:
+# 0755, whatever the daemon's umask (the packaged unit's UMask=0027 would make them 0750).
+#
+# What is not made world-writable, and why that is safe: none of these directories is, log/ included. The
+# endpoints in pipe/ are the control daemon's: it creates them, as root, with the modes it needs to serve clients
+# of any uid (it does so in its default /tmp/nvidia-mps too). The log directory needs no write access from a
+# server either: the traced server wrote to <pipe>/log, NVIDIA's default log directory /var/log/nvidia-mps is
+# "typically only visible to users with administrative privileges" (MPS guide, Logging appendix) while MPS serves
+# every user from it, and NVIDIA's own device plugin creates both directories root-owned 0755
+# (k8s-device-plugin, cmd/mps-control-daemon/mps/daemon.go) and serves uid-1000 pods from them on driver 580
+# (the same Bottlerocket report, once the directory above was 0755). Root-owned and writable by root alone, no
+# client, in a container or on the host, can replace, rename or plant entries in a partition's directories (the
+# pipe directory that containers mount included), or fill the /run tmpfs through them.
+MPS_DIR_MODE = 0o755
+
+
+def _make_dirs(spec: MpsDaemonSpec) -> None:
+    """mps/, mps/<id>/, pipe/ and log/ exist with MPS_DIR_MODE (also when an older version made them otherwise)."""
+    partition_dir = spec.pipe_dir.parent
+    for directory in (partition_dir.parent, partition_dir, spec.pipe_dir, spec.log_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, MPS_DIR_MODE)
 
 
 class MpsSupervisor:

@@ -127,6 +127,19 @@ def memory_mib(text: str) -> int:
         raise InvalidField("memory", exc.message.split(": ", 1)[-1]) from None
 
 
+NO_UID = 0xFFFFFFFF  # (uid_t)-1: "no uid" to the kernel (setuid ignores it), never a process's uid
+
+
+def client_uid(request: Any) -> int | None:
+    """The optional ``client_uid`` of a create request: None when unset."""
+    if not request.HasField("client_uid"):
+        return None
+    uid = int(request.client_uid)
+    if uid == NO_UID:
+        raise InvalidField("client_uid", f"{uid} is (uid_t)-1, which no process runs as")
+    return uid
+
+
 def request_id(value: str) -> str:
     return check_text(value, "request_id", max_chars=MAX_REQUEST_ID_CHARS)
 

@@ -80,6 +80,8 @@ def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
         request_id=r.request_id,
         cdi_device=manager.cdi_name(r),
     )
+    if r.client_uid is not None:
+        msg.client_uid = r.client_uid
     if edits is not None:
         msg.env.update(edits.env)
         msg.mounts.extend(
@@ -191,6 +193,7 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 request_id=req.request_id(request.request_id),
                 lease_ttl_seconds=ttl,
                 allow_faulty_gpus=request.allow_faulty_gpus,
+                client_uid=req.client_uid(request),
             )
         self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("gpu", create.gpu)):

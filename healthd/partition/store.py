@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS partitions (
     lease_expires_at REAL NOT NULL DEFAULT 0,
     request_id TEXT,
     request_fingerprint TEXT NOT NULL DEFAULT '',
-    mig TEXT
+    mig TEXT,
+    client_uid INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS partitions_request_id ON partitions(request_id) WHERE request_id IS NOT NULL;
 """
@@ -56,6 +57,8 @@ class Store:
         columns = {row[1] for row in db.execute("PRAGMA table_info(cards)")}
         if "sharing" not in columns:  # a state file from before TDM sharing policies
             db.execute("ALTER TABLE cards ADD COLUMN sharing TEXT NOT NULL DEFAULT ''")
+        if "client_uid" not in {row[1] for row in db.execute("PRAGMA table_info(partitions)")}:
+            db.execute("ALTER TABLE partitions ADD COLUMN client_uid INTEGER")  # from before client uids: none given
         self._db = db
         try:  # every row must decode: the manager reads them all at start
             self.card_modes()
@@ -89,8 +92,7 @@ class Store:
         """Raises sqlite3.IntegrityError when the id or the request id is taken."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO partitions(id, gpu, gpu_uuid, mode, compute_percent, memory_mib, owner, state, created_at,"
-                " lease_expires_at, request_id, request_fingerprint, mig) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO partitions({_COLUMNS}) VALUES({_PLACEHOLDERS})",
                 _row(record),
             )
 
@@ -130,8 +132,9 @@ class Store:
 
 _COLUMNS = (
     "id, gpu, gpu_uuid, mode, compute_percent, memory_mib, owner, state, created_at, lease_expires_at, request_id,"
-    " request_fingerprint, mig"
+    " request_fingerprint, mig, client_uid"
 )
+_PLACEHOLDERS = ", ".join("?" for _ in _COLUMNS.split(","))
 
 
 def _owner_json(owner: Owner) -> str:
@@ -157,6 +160,7 @@ def _row(r: PartitionRecord) -> tuple[Any, ...]:
         r.request_id or None,
         r.request_fingerprint,
         _mig_json(r.mig),
+        r.client_uid,
     )
 
 
@@ -178,6 +182,7 @@ def _record(row: tuple[Any, ...]) -> PartitionRecord:
         request_id=row[10] or "",
         request_fingerprint=row[11],
         mig=MigPlacement(**mig_raw) if mig_raw else None,
+        client_uid=row[13],
     )
 
 

@@ -46,3 +46,32 @@ def test_a_failing_gpm_call_fails_the_check(monkeypatch: pytest.MonkeyPatch, tmp
     fake.fail("nvmlGpmMetricsGet", pynvml.NVML_ERROR_UNKNOWN)
     assert gpm_check.main(["--interval", "0.15", "--out", str(tmp_path)]) == 1
     assert "nvmlGpmMetricsGet" in json.loads((tmp_path / "gpm.json").read_text())["0"]["error"]
+
+
+def test_every_metric_id_is_reported_supported_or_rejected(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The per-id probe: on the captured driver (CUDA 13.0) id 8 is not in the branch's nvml.h; a driver that
+    refuses requests holding it shows that as 'rejected' and the whole request as REFUSED, while the request of the
+    branch's own ids is answered. NVLink (no links on the captured card) is the card's per-metric 'not supported'."""
+    fake = install(monkeypatch)
+    fake.gpm.refused = {8}
+    assert gpm_check.main(["--interval", "0.15", "--out", str(tmp_path)]) == 0
+    probe = json.loads((tmp_path / "gpm.json").read_text())["0"]["metric_ids"]
+    ids = probe["ids"]
+    assert ids["8"]["status"].startswith("rejected") and ids["8"]["defined_in_branch"] is False
+    assert ids["2"]["status"] == "supported" and ids["2"]["name"] == "sm_active"
+    assert ids["60"]["status"].startswith("not supported"), "no NVLink on the captured card"
+    assert ids["166"]["defined_in_branch"] is True  # NVENC 0: defined since 12.9; the H200 has no NVENC
+    assert probe["requests"]["all known ids"].startswith("REFUSED")
+    assert probe["requests"]["the ids this branch defines"].startswith("answered")
+    out = capsys.readouterr().out
+    assert "id   8 tensor_dmma_active" in out and "rejected" in out and "[not in this branch's nvml.h]" in out
+
+
+def test_the_profiling_bench_runs_with_no_driver() -> None:
+    """bench/profiling_bench.py stubs every pynvml call NvmlProfiling makes (the CUDA version one included): with no
+    driver here, a call left unstubbed would fail as "NVML uninitialised" instead of being timed."""
+    from bench import profiling_bench
+
+    assert profiling_bench.nvml_python_cost(3) > 0

@@ -97,6 +97,9 @@ def test_deb_installs_runs_upgrades_removes_and_purges(deb: Path, tmp_path: Path
     assert (root / "etc/xpu-runtime-kit/healthd.toml").read_text() == (REPO / "packaging/healthd.toml").read_text()
     for unit in ("xpu-healthd.service", "xpu-nvidia-modprobe.service"):
         assert (root / "usr/lib/systemd/system" / unit).read_text() == (REPO / "packaging/systemd" / unit).read_text()
+    nodes = root / "opt/xpu-runtime-kit/libexec/xpu-nvidia-device-nodes"  # what xpu-nvidia-modprobe.service runs
+    assert nodes.read_text() == (REPO / "packaging/libexec/xpu-nvidia-device-nodes").read_text()
+    assert nodes.stat().st_mode & 0o777 == 0o755
     assert any(line.startswith("xpu:") for line in (root / "etc/group").read_text().splitlines())
     wants = root / "etc/systemd/system/multi-user.target.wants/xpu-healthd.service"
     assert os.readlink(wants) == "/" + UNIT

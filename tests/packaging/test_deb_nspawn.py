@@ -1,10 +1,18 @@
 """The built .deb on a minimal Debian booted with systemd as PID 1 (systemd-nspawn), as on a real node.
 
-One boot walks through a node's life: install (enabled, started after xpu-nvidia-modprobe), READY and STATUS, watchdog
-pings, the effective capabilities, the sandbox's writable paths, reload (no procps in the tree), restart, a TDM
-partition whose MPS control daemon runs as a transient unit outside the sandbox and survives daemon restarts, the
-watchdog killing a stuck daemon, `kill -9` recovery, the start limit, stop, remove, reinstall after remove, purge and
-reinstall after purge. A second test installs into the tree without booting it (an image build: no systemd running).
+One boot walks through a node's life: install (enabled, started after xpu-nvidia-modprobe, which made a device node
+for each of 8 cards), READY and STATUS, watchdog pings, the effective capabilities, the sandbox's writable paths,
+reload (no procps in the tree), restart, a TDM partition whose MPS control daemon runs as a transient unit outside
+the sandbox and survives daemon restarts, a uid-1000 client of a TDM partition reaching its MPS server, the watchdog
+killing a stuck daemon, `kill -9` recovery, the start limit, stop, remove, reinstall after remove, purge and reinstall
+after purge. A second test installs into the tree without booting it (an image build: no systemd running).
+
+Stand-ins, and what they leave unproven:
+- nvidia-modprobe records its arguments and makes /dev/nvidiaN with mknod; /proc/driver is a tmpfs holding an 8-card
+  /proc/driver/nvidia/gpus (tests/support/nvidia_gpus.py, the kernel module's format). Not proven: that the real
+  nvidia-modprobe and the real procfs behave alike, or that NVML then opens the cards (no GPU here).
+- nvidia-cuda-mps-control is tests/fakes/nvidia-cuda-mps-control, whose daemon starts a server process as the
+  client's uid that opens <pipe>/log and connects to <pipe>/control. Not proven: what else the real server touches.
 
 The tree is debootstrapped once and cached (tests/support/nspawn.py). Without root, or where the kernel forbids
 namespaces, the tests skip with the reason; with XPU_DEB set (CI) missing tools are a failure, elsewhere a skip.
@@ -22,13 +30,21 @@ import pytest
 
 import tests.support.nspawn as nspawn
 from tests.support.debhelpers import deb_under_test
+from tests.support.nvidia_gpus import CARDS, write_gpus
 from tests.support.servicehelpers import REPO
 
 pytestmark = [pytest.mark.deb, pytest.mark.timeout(1800)]
 
 UNIT = "xpu-healthd.service"
 FAKE_MPS = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
-FAKE_MODPROBE = '#!/bin/sh\necho "$@" >> /run/fake-modprobe.log\n'
+# records its arguments, and makes /dev/nvidiaN for -c=N as the real one does (major 195, the driver's)
+FAKE_MODPROBE = """#!/bin/sh
+echo "$@" >> /run/fake-modprobe.log
+for arg in "$@"; do
+    case $arg in -c=*) n=${arg#-c=}; [ -e /dev/nvidia$n ] || mknod -m 0666 /dev/nvidia$n c 195 $n ;; esac
+done
+"""
+CLIENT_UID = 1000
 CAP_NAMES = {"CAP_CHOWN": 0, "CAP_SYS_ADMIN": 21, "CAP_SYSLOG": 34}
 
 
@@ -52,6 +68,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "xpu.deb").symlink_to(deb_under_test(tmp_path_factory))
     (out / "nvidia-cuda-mps-control").write_bytes(FAKE_MPS.read_bytes())
     (out / "nvidia-modprobe").write_text(FAKE_MODPROBE)
+    write_gpus(out / "driver" / "nvidia" / "gpus")
     return out
 
 
@@ -106,6 +123,9 @@ def test_node_lifecycle(node: nspawn.Booted) -> None:
     c.sh("test ! -e /bin/kill && test ! -e /usr/bin/kill")
     c.sh("install -m 0755 /xpu-test/assets/nvidia-modprobe /usr/bin/nvidia-modprobe")
     c.sh("install -m 0755 /xpu-test/assets/nvidia-cuda-mps-control /usr/local/bin/nvidia-cuda-mps-control")
+    # an 8-card /proc/driver/nvidia/gpus: /proc/driver of the container's procfs, covered by a tmpfs that holds it
+    c.sh("mount -t tmpfs -o mode=0555 xpu-fake-driver /proc/driver")
+    c.sh("cp -r /xpu-test/assets/driver/nvidia /proc/driver/")
     for step in (
         install_enables_and_starts,
         ready_status_and_watchdog,
@@ -113,6 +133,7 @@ def test_node_lifecycle(node: nspawn.Booted) -> None:
         sandbox_writes_only_where_it_should,
         reload_without_procps,
         mps_runs_outside_the_sandbox_and_survives_restarts,
+        a_non_root_client_reaches_its_mps_server,
         watchdog_restarts_a_stuck_daemon,
         kill_9_is_recovered,
         start_limit_counts_every_start,
@@ -128,10 +149,15 @@ def install_enables_and_starts(c: nspawn.Booted) -> None:
     assert "Setting up xpu-runtime-kit" in out, out
     assert c.out(f"systemctl is-enabled {UNIT}") == "enabled"
     assert c.out(f"systemctl is-active {UNIT}") == "active"
-    # xpu-nvidia-modprobe ran nvidia-modprobe before the daemon's unit began
-    assert c.out("cat /run/fake-modprobe.log") == "-u -c=0"
+    # xpu-nvidia-modprobe ran nvidia-modprobe for every card listed, and finished before the daemon's unit began
+    calls = c.out("cat /run/fake-modprobe.log").splitlines()
+    assert calls[0] == "-u -c=0"
+    assert sorted(calls[1:]) == sorted(f"-c={minor}" for minor in CARDS.values() if minor != 0)
     modprobe_done = int(show(c, "ActiveEnterTimestampMonotonic", "xpu-nvidia-modprobe.service"))
     assert 0 < modprobe_done <= int(show(c, "InactiveExitTimestampMonotonic"))
+    # so the daemon, inside its sandbox, finds a node for every card (it could not have made one)
+    seen = c.out(f"nsenter --target {main_pid(c)} --mount ls /dev").split()
+    assert {n for n in seen if re.fullmatch(r"nvidia\d+", n)} == {f"nvidia{minor}" for minor in CARDS.values()}
 
 
 def ready_status_and_watchdog(c: nspawn.Booted) -> None:
@@ -198,6 +224,31 @@ def mps_runs_outside_the_sandbox_and_survives_restarts(c: nspawn.Booted) -> None
     assert pid_match in c.out("xpuctl partitions list")
     c.sh(f"xpuctl partitions delete {pid_match}")
     c.wait_for(f"! systemctl is-active --quiet {mps}", timeout=30, what=f"{mps} gone after delete")
+
+
+def a_non_root_client_reaches_its_mps_server(c: nspawn.Booted) -> None:
+    """The unit's UMask=0027 made the partition directories 0750: an MPS server started as the client's uid could
+    not reach <pipe>/control. A uid-1000 client of a TDM partition asks the installed unit's control daemon (the
+    stand-in) for a server, and that server, running as uid 1000, reaches the daemon's endpoints."""
+    created = c.out("xpuctl partitions create --gpu 0 --compute 20 --memory 1GiB --json")
+    (partition,) = re.findall(r'"id": "(p-[0-9a-f]+)"', created)
+    (pipe,) = re.findall(r'"CUDA_MPS_PIPE_DIRECTORY": "([^"]+)"', created)
+    base = pipe.removesuffix("/pipe")
+    as_client = f"setpriv --reuid={CLIENT_UID} --regid={CLIENT_UID} --clear-groups"
+    answer = c.sh(
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe} {as_client} /usr/local/bin/nvidia-cuda-mps-control --cuda-client", check=False
+    )
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    assert answer.stdout.strip() == f"server ready: uid {CLIENT_UID}"
+    assert f"NEW CLIENT from user {CLIENT_UID}" in c.out(f"cat {base}/log/control.log")
+    assert f"Startup as uid {CLIENT_UID}" in c.out(f"cat {base}/log/server.log")
+    # the directories, made by the sandboxed daemon under UMask=0027: searchable by all, writable by root alone
+    modes = c.out(f"stat -c '%a %U %n' /run/xpu-runtime-kit/mps {base} {pipe} {base}/log").splitlines()
+    assert [line.split()[:2] for line in modes] == [["755", "root"]] * 4, modes
+    for where in (pipe, f"{base}/log", base):
+        assert c.sh(f"{as_client} touch {where}/x", check=False).returncode != 0, f"{where} writable by the client"
+    c.sh(f"xpuctl partitions delete {partition}")
+    c.wait_for(f"test ! -e {base}", timeout=30, what="the partition's directories removed after delete")
 
 
 def watchdog_restarts_a_stuck_daemon(c: nspawn.Booted) -> None:

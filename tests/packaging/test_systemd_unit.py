@@ -67,7 +67,8 @@ def test_modprobe_unit_is_optional_and_never_blocks_the_daemon() -> None:
     m = service_section(MODPROBE_UNIT)
     assert m["Type"] == ["oneshot"]
     assert m["RemainAfterExit"] == ["yes"]
-    assert m["ExecStart"] == ["-/usr/bin/nvidia-modprobe -u -c=0"]  # "-": a failure does not stop xpu-healthd
+    # "-": a failure does not stop xpu-healthd; the script is tested in test_nvidia_device_nodes.py
+    assert m["ExecStart"] == ["-/opt/xpu-runtime-kit/libexec/xpu-nvidia-device-nodes"]
     assert m["ConditionFileIsExecutable"] == ["/usr/bin/nvidia-modprobe"]
     assert m["Before"] == ["xpu-healthd.service"]
     assert "WantedBy" not in m  # pulled in by xpu-healthd.service, never enabled on its own

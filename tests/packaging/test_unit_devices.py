@@ -139,11 +139,27 @@ def test_report_on_a_device_directory(tmp_path: Path) -> None:
     for name, number in (("nvidia0", (195, 0)), ("nvidiactl", (195, 255)), ("nvidia-uvm", (238, 0))):
         os.mknod(tmp_path / name, 0o600 | 0o020000, os.makedev(*number))
     os.mknod(tmp_path / "nvidia-caps" / "nvidia-cap1", 0o400 | 0o020000, os.makedev(241, 1))
-    os.mknod(tmp_path / "nvidia-imex", 0o600 | 0o020000, os.makedev(242, 0))
+    os.mknod(tmp_path / "nvidia-mystery", 0o600 | 0o020000, os.makedev(243, 0))  # hidraw's major: not a GPU's
     lines, denied = da.report(UNIT.read_text(), (SAMPLES / "driver-580.txt").read_text(), tmp_path)
     text = "\n".join(lines)
     assert "  char-nvidia rw: major 195" in text
     assert "  char-nvidia-frontend rw: nothing (no such name in /proc/devices)" in text
     assert f"  {tmp_path}/nvidia-caps/nvidia-cap1 241:1: rw" in text
-    assert f"  {tmp_path}/nvidia-imex 242:0: DENIED" in text
+    assert f"  {tmp_path}/nvidia-mystery 243:0: DENIED" in text
     assert denied
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes (mknod) needs root")
+def test_imex_channels_are_reported_as_not_needed_never_denied(tmp_path: Path) -> None:
+    """A node with IMEX channels (driver 550+, multi-node NVLink) passes the check: the daemon never opens them."""
+    (tmp_path / "nvidia-caps-imex-channels").mkdir()
+    os.mknod(tmp_path / "nvidia0", 0o600 | 0o020000, os.makedev(195, 0))
+    for channel in range(2):
+        node = tmp_path / "nvidia-caps-imex-channels" / f"channel{channel}"
+        os.mknod(node, 0o600 | 0o020000, os.makedev(242, channel))  # "nvidia-caps-imex-channels" in driver-580.txt
+    lines, denied = da.report(UNIT.read_text(), (SAMPLES / "driver-580.txt").read_text(), tmp_path)
+    text = "\n".join(lines)
+    assert f"  {tmp_path}/nvidia-caps-imex-channels/channel1 242:1: not needed (IMEX channel" in text
+    assert "DENIED" not in text
+    assert not denied
+    assert da.main(["--proc-devices", str(SAMPLES / "driver-580.txt"), "--dev", str(tmp_path)]) == 0

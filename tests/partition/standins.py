@@ -4,6 +4,7 @@ busybox-static root file system for containers."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -97,3 +98,24 @@ def build_busybox_rootfs(dest: Path) -> Path:
     for applet in BUSYBOX_APPLETS:
         os.symlink("busybox", dest / "bin" / applet)
     return dest
+
+
+def build_compat_library(path: Path, note: dict[str, object] | None, soname: str = "libcuda.so.1") -> None:
+    """A stand-in for cuda-compat's ``libcuda.so.<version>``: a shared object whose ELF note
+    ``.note.cuda.fwd_compatibility`` (type SHT_NOTE, 4-byte aligned, owner "NVIDIA Corporation", a NUL-ended JSON
+    description) is laid out like that of NVIDIA's own, as nvidia-container-toolkit's test data of 575.57.08 shows
+    it (testdata/compat, read with readelf -n); ``note=None`` leaves the note out."""
+    body = ""
+    if note is not None:
+        text = json.dumps(note, separators=(",", ":"))
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        body = (
+            '.section .note.cuda.fwd_compatibility,"a",@note\n.balign 4\n'
+            f'.long 19\n.long {len(text) + 1}\n.long 0\n.asciz "NVIDIA Corporation"\n.balign 4\n'
+            f'.asciz "{escaped}"\n.balign 4\n'
+        )
+    src = path.parent / f".{path.name}.s"
+    src.write_text(f'.section .rodata\nstandin: .asciz "{soname}"\n{body}')
+    cmd = ["gcc", "-shared", "-nostdlib", f"-Wl,-soname,{soname}", "-o", str(path), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+    src.unlink()

@@ -112,10 +112,22 @@ def test_driver_edits_sit_at_spec_level_and_keep_the_version() -> None:
     spec = build_spec([("p-1", edits(1))], ContainerEdits(mounts=(lib,), hooks=(hook,)))
     check_spec(spec)
     assert spec["containerEdits"] == {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "mounts": [{"hostPath": lib.host_path, "containerPath": lib.container_path, "options": ["ro"]}],
         "hooks": [{"hookName": "createContainer", "path": hook.path, "args": list(hook.args)}],
     }
     assert [m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]] == ["/run/x/mps/p-1/pipe"]
+
+
+def test_no_edit_lets_a_legacy_runtime_add_a_card_twice() -> None:
+    """Like nvidia-ctk's specs: NVIDIA_VISIBLE_DEVICES=void for the whole spec, and no device names a card there, so
+    a legacy nvidia-container-runtime (prestart hook, reads that variable) injects nothing beside the spec's nodes.
+    CUDA_VISIBLE_DEVICES (what CUDA reads) still names the partition's card or MIG device."""
+    spec = build_spec([("p-1", edits(1)), ("GPU-0000", ContainerEdits(device_nodes=(DeviceNode("/dev/nvidia0"),)))])
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    for device in spec["devices"]:
+        env = device["containerEdits"].get("env", [])
+        assert not [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")], (device["name"], env)
 
 
 def base_spec() -> dict[str, Any]:

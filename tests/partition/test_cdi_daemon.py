@@ -52,8 +52,13 @@ def test_simulated_daemon_spec_carries_device_numbers(tmp_path: Path) -> None:
     tdm, mig = asyncio.run(go())
     spec = json.loads((tmp_path / "state" / "cdi" / "xpu-runtime-kit.io-gpu.json").read_text())
     assert spec["cdiVersion"] == "0.3.0"
-    assert "containerEdits" not in spec  # a simulated node hands out no host driver libraries
+    # a simulated node hands out no host driver libraries: the spec's own edits are the legacy-runtime guard only
+    assert spec["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
     devices = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    envs = {d["name"]: d["containerEdits"].get("env", []) for d in spec["devices"]}
+    assert f"CUDA_VISIBLE_DEVICES={mig.mig.uuid}" in envs[mig.id]
+    legacy = {name: e for name, env in envs.items() for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")}
+    assert legacy == {}, "only the spec's own NVIDIA_VISIBLE_DEVICES=void: a legacy runtime must add no card again"
     assert {"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2, "fileMode": 0o666} in devices[tdm.id]
     gi_minor = gpu_instance_minor(6, mig.mig.gpu_instance_id)
     caps = [n for n in devices[mig.id] if n["path"].startswith("/dev/nvidia-caps/")]

@@ -79,3 +79,21 @@ def test_writes_through_the_read_socket_are_refused(daemon: Daemon, capsys: pyte
     args = ["--socket", daemon.read, "partitions", "--admin-socket", daemon.read, "mode", "5", "none"]
     assert main(args) == 1
     assert "PERMISSION_DENIED" in capsys.readouterr().err
+
+
+def test_create_with_a_client_uid_on_a_shared_card(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    """--uid reaches the daemon; a second uid on a shared card is refused with the reason, on stderr."""
+    assert main(xpuctl(daemon, "mode", "4", "tdm", "--sharing", "shared")) == 0
+    capsys.readouterr()
+    assert main(xpuctl(daemon, "create", "--gpu", "4", "--compute", "10", "--uid", "1000", "--json")) == 0
+    out = capsys.readouterr().out
+    created = json.loads(out[out.index("[\n") :])[0]
+    assert created["clientUid"] == 1000
+    assert main(xpuctl(daemon, "get", created["id"])) == 0
+    assert "  client uid 1000" in capsys.readouterr().out
+    assert main(xpuctl(daemon, "create", "--gpu", "4", "--compute", "10", "--uid", "0")) == 1
+    err = capsys.readouterr().err
+    assert "FAILED_PRECONDITION" in err and "uid 0" in err and "uid 1000" in err
+    with pytest.raises(SystemExit):  # (uid_t)-1 is refused before anything is sent
+        main(xpuctl(daemon, "create", "--gpu", "4", "--uid", "4294967295"))
+    assert main(xpuctl(daemon, "delete", created["id"])) == 0

@@ -105,19 +105,43 @@ def test_this_hosts_real_ld_cache_is_readable() -> None:
     assert any(e.soname == "libc.so.6" for e in parse_ldconfig(text))
 
 
-def test_driver_edits_carry_the_ldcache_hook(tmp_path: Path) -> None:
+def test_driver_edits_carry_the_toolkits_hooks_in_its_order(tmp_path: Path) -> None:
+    """nvidia-ctk's specs run create-symlinks, enable-cuda-compat and update-ldcache (pkg/nvcdi/driver-nvml.go)."""
     tree = build_driver_tree(tmp_path / "host")
-    files = discover(tree.ldconfig_text, proc_root=tmp_path, machine=MACHINE, binary_dirs=[str(tree.bin_dir)])
+    write_driver_version(tmp_path / "proc")
+    (tree.lib_dir / "libnvidia-ptxjitcompiler.so").unlink()  # a host without this development link
+    files = discover(tree.ldconfig_text, proc_root=tmp_path / "proc", machine=MACHINE, binary_dirs=[str(tree.bin_dir)])
     edits = driver_edits(files, "/opt/xpu-runtime-kit/bin/xpu-cdi-hook")
     assert edits is not None
     assert edits.mounts == (*files.libraries, *files.binaries)
-    (hook,) = edits.hooks
-    assert hook.hook_name == "createContainer"
-    assert hook.path == "/opt/xpu-runtime-kit/bin/xpu-cdi-hook"
-    assert hook.args == ("xpu-cdi-hook", "update-ldcache", "--folder", str(tree.lib_dir))
+    links, compat, ldcache = edits.hooks
+    assert {h.hook_name for h in edits.hooks} == {"createContainer"}
+    assert {h.path for h in edits.hooks} == {"/opt/xpu-runtime-kit/bin/xpu-cdi-hook"}
+    lib = tree.lib_dir
+    assert links.args[:2] == ("xpu-cdi-hook", "create-symlinks")
+    assert set(links.args[2::2]) == {"--link"}
+    assert set(links.args[3::2]) == {
+        f"libcuda.so.1::{lib}/libcuda.so",  # the toolkit's libcuda.so link
+        f"libnvidia-ml.so.1::{lib}/libnvidia-ml.so",  # development links the host has too
+        f"libnvidia-nvvm.so.4::{lib}/libnvidia-nvvm.so",
+    }, "no libnvidia-ptxjitcompiler.so: the host has none"
+    assert compat.args == ("xpu-cdi-hook", "enable-cuda-compat", "--host-driver-version", VERSION)
+    assert ldcache.args == ("xpu-cdi-hook", "update-ldcache", "--folder", str(lib))
     no_hook = driver_edits(files, None)
     assert no_hook is not None
     assert no_hook.hooks == ()
+
+
+def test_libcuda_gets_its_link_even_where_the_host_has_none(tmp_path: Path) -> None:
+    tree = build_driver_tree(tmp_path / "host")
+    for dev in tree.lib_dir.glob("*.so"):
+        dev.unlink()
+    files = discover(tree.ldconfig_text, proc_root=tmp_path / "none", machine=MACHINE, binary_dirs=[])
+    assert files.links == (("libcuda.so.1", str(tree.lib_dir / "libcuda.so")),)
+    assert files.driver_version is None
+    edits = driver_edits(files, "/x/xpu-cdi-hook")
+    assert edits is not None
+    assert [h.args[1] for h in edits.hooks] == ["create-symlinks", "update-ldcache"], "no version: no compat step"
 
 
 def test_the_hook_is_installed_next_to_the_daemon() -> None:

@@ -32,10 +32,14 @@ def test_mig_mode_needs_hardware_mig(make_node: Callable[[str], Node]) -> None:
             await m.set_mode("0", CardMode.MIG)
         assert err.value.kind is Kind.PRECONDITION
         assert "nvidia-smi -i 0 -mig 1" in err.value.message
+        # nvidia-smi refuses while any NVML client holds the card: the daemon and its MPS daemons go first
+        stop = err.value.message.index("systemctl stop xpu-healthd 'xpu-mps-*'")
+        assert stop < err.value.message.index("nvidia-smi -i 0 -mig 1") < err.value.message.index("systemctl start")
         with pytest.raises(PartitionError) as err:
             await m.set_mode("6", CardMode.TDM)  # MIG is on in hardware: TDM needs the whole card
         assert err.value.kind is Kind.PRECONDITION
         assert "-mig 0" in err.value.message
+        assert err.value.message.index("systemctl stop xpu-healthd 'xpu-mps-*'") < err.value.message.index("-mig 0")
         cap = await m.set_mode("6", CardMode.MIG)
         assert cap.mode is CardMode.MIG
         assert cap.mig_memory_slices_free == 8

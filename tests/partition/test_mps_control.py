@@ -65,13 +65,35 @@ def test_start_sets_quota_defaults_then_quit(tmp_path: Path, fake_binary: tuple[
     ]
     assert {c["visible"] for c in got} == {"GPU-abc"}
     assert {c["pipe"] for c in got} == {str(tmp_path / "run" / "mps" / "p-1" / "pipe")}
-    assert os.stat(spec.log_dir).st_mode & 0o777 == 0o700
+    for directory in (spec.pipe_dir.parent.parent, spec.pipe_dir.parent, spec.pipe_dir, spec.log_dir):
+        assert os.stat(directory).st_mode & 0o777 == 0o755, directory  # every uid's MPS server gets through
     assert sup.control.alive(spec)
     sup.ensure(spec)  # already running: not started twice
     assert [c["argv"] for c in calls(log)].count(["-d"]) == 1
     sup.release(spec)
     assert [c.get("stdin") for c in calls(log)].count("quit") == 1
     assert not (tmp_path / "run" / "mps" / "p-1").exists()
+
+
+def test_directories_are_0755_under_a_restrictive_umask(tmp_path: Path, fake_binary: tuple[Path, Path]) -> None:
+    """Under the packaged unit (UMask=0027) mkdir alone would give 0750: an MPS server running as the client's uid
+    could not reach <pipe>/control. Directories an older version left 0750/0700 are opened up too; none becomes
+    writable by others."""
+    binary, _ = fake_binary
+    stale = tmp_path / "run" / "mps" / "p-9" / "log"
+    stale.mkdir(parents=True)
+    for path in (stale, stale.parent, stale.parent.parent):
+        path.chmod(0o700)
+    old = os.umask(0o027)
+    try:
+        sup = MpsSupervisor(NvidiaMpsControl(str(binary)), tmp_path / "run")
+        for pid in ("p-8", "p-9"):
+            spec = sup.spec_for(pid, "GPU-abc", 30, 0)
+            sup.ensure(spec)
+            dirs = (spec.pipe_dir.parent.parent, spec.pipe_dir.parent, spec.pipe_dir, spec.log_dir)
+            assert {oct(os.stat(d).st_mode & 0o777) for d in dirs} == {"0o755"}, pid
+    finally:
+        os.umask(old)
 
 
 def test_unlimited_partition_sends_no_defaults(tmp_path: Path, fake_binary: tuple[Path, Path]) -> None:

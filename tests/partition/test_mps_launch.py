@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +201,38 @@ def test_launcher_from_env() -> None:
     assert launcher_from_env({"XPU_MPS_LAUNCH": "systemd-run"}).name == "systemd-run"
     with pytest.raises(ValueError, match="XPU_MPS_LAUNCH: must be direct or systemd-run, got 'systemd'"):
         launcher_from_env({"XPU_MPS_LAUNCH": "systemd"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a client of another uid needs root to start (setuid)")
+def test_a_client_of_another_uid_reaches_its_server_under_the_units_umask(fake_log: Path) -> None:
+    """The packaged unit's UMask=0027 made mps/ and mps/<id>/ 0750: the MPS server the control daemon starts as the
+    client's uid could not reach <pipe>/control. Here the daemon's directories are made under that umask, a uid-1000
+    client asks the stand-in daemon for a server, and that server (forked as uid 1000, opening <pipe>/log and
+    connecting to <pipe>/control like the real one) comes up. tests/packaging/test_deb_nspawn.py does the same under
+    the installed unit."""
+    run = Path(tempfile.mkdtemp(prefix="xpu-mps-", dir="/tmp"))
+    run.chmod(0o755)  # as systemd's RuntimeDirectoryMode=0755 makes /run/xpu-runtime-kit
+    old = os.umask(0o027)
+    try:
+        control = NvidiaMpsControl(str(FAKE), timeout_s=30, launcher=DetachedLauncher())
+        sup = MpsSupervisor(control, run)
+        spec = sup.spec_for("p-uid", "GPU-abc", 30, 0)
+        sup.ensure(spec)
+        client = subprocess.run(
+            ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", str(FAKE), "--cuda-client"],
+            env={**{k: v for k, v in os.environ.items() if k != "FAKE_MPS_LOG"}, **spec.env()},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert client.returncode == 0, client.stdout + client.stderr
+        assert client.stdout.strip() == "server ready: uid 1000"
+        control_log = (spec.log_dir / "control.log").read_text()
+        assert "NEW CLIENT from user 1000" in control_log and "Starting new server" in control_log
+        assert "Startup as uid 1000" in (spec.log_dir / "server.log").read_text()
+        sup.release(spec)
+        assert not spec.pipe_dir.parent.exists()
+    finally:
+        os.umask(old)
+        shutil.rmtree(run, ignore_errors=True)

@@ -46,6 +46,8 @@ echo "== ldcache"
 for s in libcuda.so.1 libnvidia-ml.so.1 libnvidia-ptxjitcompiler.so.1 libnvidia-nvvm.so.4; do
   if grep -q "$s" /etc/ld.so.cache; then echo "$s"; fi
 done
+echo "== links"
+find / -xdev -name 'lib*.so' -type l | while read -r l; do echo "$l $(readlink "$l")"; done
 echo "== end"
 """
 RUN_PODMAN = """\
@@ -138,6 +140,7 @@ class Seen:
     mounts: dict[str, str]  # mount point -> per-mount options
     devices: dict[str, tuple[str, int, int, int]]  # path -> (kind, major, minor, mode)
     ldcache: list[str]
+    links: dict[str, str]  # development link -> its target
 
 
 def run_in_container(s: Setup, device: str) -> Seen:
@@ -178,7 +181,8 @@ def run_in_container(s: Setup, device: str) -> Seen:
         kind, major, minor, mode, path = line.split("|")
         devices[path] = (kind, int(major, 16), int(minor, 16), int(mode, 8))
     env_in = dict(line.split("=", 1) for line in sections["env"] if "=" in line)
-    return Seen(env_in, mounts, devices, sections["ldcache"])
+    links = dict(line.split(" ", 1) for line in sections["links"])
+    return Seen(env_in, mounts, devices, sections["ldcache"], links)
 
 
 def expected_devices(nodes: tuple[DeviceNode, ...]) -> dict[str, tuple[str, int, int, int]]:
@@ -198,6 +202,9 @@ def check_driver_files(s: Setup, seen: Seen) -> None:
         assert "ro" in seen.mounts[f"/usr/bin/{name}"].split(",")
     # the createContainer hook rebuilt the container's ld.so cache with the stand-in libraries
     assert seen.ldcache == ["libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4"]
+    # the create-symlinks hook made the development links, libcuda.so first among them
+    assert seen.links[str(s.lib_dir / "libcuda.so")] == "libcuda.so.1"
+    assert seen.links[str(s.lib_dir / "libnvidia-ml.so")] == "libnvidia-ml.so.1"
     assert VERSION in next(iter(LIBRARIES.values()))
 
 
@@ -214,6 +221,7 @@ def test_tdm_partition_in_a_container(setup: Setup) -> None:
     for key, value in edits.env.items():
         assert seen.env.get(key) == value, key
     assert seen.env["CUDA_VISIBLE_DEVICES"] == setup.tdm.gpu_uuid
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert seen.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     pipe = edits.env["CUDA_MPS_PIPE_DIRECTORY"]
     assert pipe in seen.mounts  # the MPS pipe directory of this partition
@@ -231,7 +239,7 @@ def test_mig_partition_in_a_container(setup: Setup) -> None:
     seen = run_in_container(setup, setup.mig.id)
     assert setup.mig.mig is not None
     assert seen.env["CUDA_VISIBLE_DEVICES"] == setup.mig.mig.uuid
-    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == setup.mig.mig.uuid
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void"  # a legacy nvidia-container-runtime adds nothing more
     assert "CUDA_MPS_PIPE_DIRECTORY" not in seen.env
     gi, ci = setup.mig.mig.gpu_instance_id, setup.mig.mig.compute_instance_id
     gi_minor = gpu_instance_minor(6, gi)  # numbered like the kernel module: 3 + 135 * gpu + 9 * gi

@@ -118,6 +118,12 @@ class GpmModel:
 
     Time is the monotonic clock until a test calls :meth:`advance`, which freezes it and moves it by hand (pass
     ``monotonic=fake.gpm.clock`` to NvmlBackend so both agree).
+
+    ``refused`` are metric ids this driver does not take. nvml.h does not say how a driver answers an id it does not
+    define (one whose enum entry its header lacks, or past its NVML_GPM_METRIC_MAX), so both ways are modelled:
+    with ``refuse_whole_request`` the whole nvmlGpmMetricsGet fails with INVALID_ARGUMENT (then no metric of the
+    request is filled), otherwise only that metric's own nvmlReturn says INVALID_ARGUMENT. ``requested`` records the
+    ids of every nvmlGpmMetricsGet.
     """
 
     supported: bool = True
@@ -129,6 +135,9 @@ class GpmModel:
     samples: dict[int, tuple[tuple[int, int], float, dict[int, float]]] = field(default_factory=dict)
     allocated: set[int] = field(default_factory=set)
     next_sample: int = 0x9000
+    refused: set[int] = field(default_factory=set)
+    refuse_whole_request: bool = True
+    requested: list[list[int]] = field(default_factory=list)
 
     def clock(self) -> float:
         return time.monotonic() if self.manual is None else self.manual
@@ -189,9 +198,16 @@ class GpmModel:
         if first is None or second is None or first[0] != second[0] or int(request.version) != 1:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         span = second[1] - first[1]
+        ids = [int(request.metrics[slot].metricId) for slot in range(int(request.numMetrics))]
+        self.requested.append(ids)
+        if self.refuse_whole_request and self.refused.intersection(ids):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         for slot in range(int(request.numMetrics)):
             metric = request.metrics[slot]
             mid = int(metric.metricId)
+            if mid in self.refused:
+                metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_INVALID_ARGUMENT, 0.0
+                continue
             if mid not in first[2] or span <= 0:
                 metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
                 continue

@@ -69,6 +69,7 @@ class FakeNvml(NvmlReadings):
     undelivered: int = 0  # events no live registration was there to take
     gpm: GpmModel = field(default_factory=GpmModel)  # modelled: see GpmModel
     field_overrides: dict[int, tuple[int, int | float]] = field(default_factory=dict)  # field id -> (type, value)
+    cuda_driver_version: int | None = None  # set: the CUDA version the driver reports instead of the captured 13000
 
     def __post_init__(self) -> None:
         fields = self.capture.fields
@@ -214,10 +215,12 @@ class FakeNvml(NvmlReadings):
         return str(_value(self.capture.system["nvml_version"]))
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        if self.cuda_driver_version is not None:
+            return self.cuda_driver_version
         return int(_value(self.capture.system["cuda_driver"]))
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return int(_value(self.capture.system["cuda_driver"]))
+        return self.nvmlSystemGetCudaDriverVersion_v2()
 
     def nvmlDeviceGetCount(self) -> int:
         return self.count

@@ -331,6 +331,10 @@ class NvmlBackend:
     def pcie_throughput(self, index: int) -> PcieThroughput:
         return self._profiling.pcie_throughput(self._handle(index))
 
+    def refused_gpm_metric_ids(self, index: int) -> frozenset[int]:
+        """GPM metric ids this card's driver refused, which profiling no longer asks for (bench/gpm_check.py)."""
+        return self._profiling.refused_metric_ids(index)
+
     # --- processes: processes.py -------------------------------------------------------------------------------
 
     @per_card

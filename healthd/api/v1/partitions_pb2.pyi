@@ -84,20 +84,22 @@ class LeaseOwner(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., kubelet_device: _Optional[_Union[KubeletDevice, _Mapping]] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus")
+    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus", "client_uid")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_UID_FIELD_NUMBER: _ClassVar[int]
     owner: Owner
     gpu: str
     compute_percent: int
     memory: str
     request_id: str
     allow_faulty_gpus: bool
-    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ...) -> None: ...
+    client_uid: int
+    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ..., client_uid: _Optional[int] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path", "options")
@@ -138,7 +140,7 @@ class MigDevice(_message.Message):
     def __init__(self, profile: _Optional[str] = ..., profile_id: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., compute_instance_id: _Optional[int] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class Partition(_message.Message):
-    __slots__ = ("id", "gpu", "gpu_uuid", "mode", "compute_percent", "memory_limit_bytes", "owner", "state", "created_at", "lease_expires_at", "env", "mounts", "device_nodes", "cdi_device", "mig", "request_id")
+    __slots__ = ("id", "gpu", "gpu_uuid", "mode", "compute_percent", "memory_limit_bytes", "owner", "state", "created_at", "lease_expires_at", "env", "mounts", "device_nodes", "cdi_device", "mig", "request_id", "client_uid")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +164,7 @@ class Partition(_message.Message):
     CDI_DEVICE_FIELD_NUMBER: _ClassVar[int]
     MIG_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_UID_FIELD_NUMBER: _ClassVar[int]
     id: str
     gpu: int
     gpu_uuid: str
@@ -178,7 +181,8 @@ class Partition(_message.Message):
     cdi_device: str
     mig: MigDevice
     request_id: str
-    def __init__(self, id: _Optional[str] = ..., gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., compute_percent: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., lease_expires_at: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., device_nodes: _Optional[_Iterable[_Union[DeviceNode, _Mapping]]] = ..., cdi_device: _Optional[str] = ..., mig: _Optional[_Union[MigDevice, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    client_uid: int
+    def __init__(self, id: _Optional[str] = ..., gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., compute_percent: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., owner: _Optional[_Union[Owner, _Mapping]] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., lease_expires_at: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., device_nodes: _Optional[_Iterable[_Union[DeviceNode, _Mapping]]] = ..., cdi_device: _Optional[str] = ..., mig: _Optional[_Union[MigDevice, _Mapping]] = ..., request_id: _Optional[str] = ..., client_uid: _Optional[int] = ...) -> None: ...
 
 class GetPartitionRequest(_message.Message):
     __slots__ = ("id",)

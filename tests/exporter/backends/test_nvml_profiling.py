@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from exporter.backends.errors import GpuLostError
+from exporter.backends.errors import BackendError, GpuLostError
 from exporter.backends.nvml import NvmlBackend
 from exporter.backends.types import UNSUPPORTED, MediaEngine, MigInstance, ProfilingMetric
 from tests.support.nvml_capture_data import GPM_PCIE_RX_KBS, GPM_PCIE_TX_KBS
@@ -208,5 +208,107 @@ def test_card_level_gpm_refused_with_mig_on_is_asked_again_once_mig_is_off(monke
         fake.gpm.advance(5.0)
         card = nvml.profiling(0, ()).card
         assert card is not None and card.interval_seconds == pytest.approx(5.0)
+    finally:
+        nvml.close()
+
+
+# --- metric ids by driver branch, and what a refused request costs -----------------------------------------------
+
+DMMA, NVOFA_1, NVENC = 8, 51, {166, 167, 168, 169}
+
+
+@pytest.mark.parametrize(
+    ("cuda", "present", "absent"),
+    [
+        (12040, set(), {DMMA, NVOFA_1, *NVENC}),  # R550: nvml.h 12.4
+        (12080, {NVOFA_1}, {DMMA, *NVENC}),  # R570: 12.8, NVML_GPM_METRIC_MAX still 98
+        (13000, {NVOFA_1, *NVENC}, {DMMA}),  # R580: 13.0, no DMMA yet (the capture's driver)
+        (13020, {DMMA, NVOFA_1, *NVENC}, set()),  # 13.2.1 defines DMMA
+    ],
+)
+def test_only_the_ids_the_drivers_branch_defines_are_asked_for(
+    fake: FakeNvml, cuda: int, present: set[int], absent: set[int]
+) -> None:
+    fake.cuda_driver_version = cuda
+    nvml = NvmlBackend(monotonic=fake.gpm.clock)
+    nvml.open()
+    try:
+        nvml.profiling(0)
+        fake.gpm.advance(5.0)
+        assert nvml.profiling(0).card is not None
+    finally:
+        nvml.close()
+    (asked,) = fake.gpm.requested
+    assert present <= set(asked)
+    assert not absent & set(asked), f"CUDA {cuda}: asked for ids its nvml.h does not define: {absent & set(asked)}"
+    assert {SM_UTIL, ANY_TENSOR, DRAM_BW, PCIE_TX} <= set(asked)
+
+
+def test_a_refused_request_degrades_per_metric_not_per_card(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    """A driver that refuses the whole nvmlGpmMetricsGet over one id it does not take: that one metric is lost, the
+    other series stay, and the id is not asked for again (one metrics call per cycle once more)."""
+    nvenc_0 = 166
+    fake.gpm.refused = {nvenc_0}
+    fake.gpm.refuse_whole_request = True
+    nvml.profiling(0)
+    fake.gpm.set(0, {SM_UTIL: 40.0})
+    fake.gpm.advance(5.0)
+    card = nvml.profiling(0).card
+    assert card is not None, "the card's GPM must not be lost over one refused id"
+    assert card.metrics[M.SM_ACTIVE] == pytest.approx(0.4)
+    assert card.metrics[M.PCIE_TX_BYTES_PER_SECOND] == pytest.approx(GPM_PCIE_TX_KBS * 1024)
+    assert (MediaEngine.NVDEC, 0) in card.engines
+    assert nvml.refused_gpm_metric_ids(0) == {nvenc_0}
+    fake.gpm.requested.clear()
+    fake.gpm.advance(5.0)
+    again = nvml.profiling(0).card
+    assert again is not None and again.metrics[M.SM_ACTIVE] == pytest.approx(0.4)
+    (asked,) = fake.gpm.requested
+    assert nvenc_0 not in asked and {167, 168, 169} <= set(asked), "only the refused id is left out"
+
+
+def test_an_id_refused_in_its_own_slot_costs_only_that_metric(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    fake.gpm.refused = {PCIE_TX}
+    fake.gpm.refuse_whole_request = False
+    nvml.profiling(0)
+    fake.gpm.advance(5.0)
+    card = nvml.profiling(0).card
+    assert card is not None
+    assert M.PCIE_TX_BYTES_PER_SECOND not in card.metrics
+    assert M.PCIE_RX_BYTES_PER_SECOND in card.metrics
+    assert len(fake.gpm.requested) == 1, "nothing to probe: the driver answered per metric"
+
+
+def test_a_request_refused_whatever_it_asks_is_a_card_failure(nvml: NvmlBackend, fake: FakeNvml) -> None:
+    nvml.profiling(0)
+    fake.gpm.advance(5.0)
+    fake.fail("nvmlGpmMetricsGet", pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(BackendError) as err:
+        nvml.profiling(0)
+    assert err.value.call == "nvmlGpmMetricsGet"
+    assert nvml.refused_gpm_metric_ids(0) == frozenset(), "nothing is blamed on the ids"
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_INVALID_STATE])
+def test_a_card_level_gpm_failure_keeps_the_mig_instances(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    fake = install(monkeypatch, mig=True)
+    fake.gpm.advance(0.0)
+    fake.gpm.set(0, {SM_UTIL: 70.0}, gpu_instance=1)
+    nvml = NvmlBackend(monotonic=fake.gpm.clock)
+    nvml.open()
+    try:
+        instances = (_instance(1, "MIG-a"),)
+        nvml.profiling(0, instances)
+        fake.gpm.advance(5.0)
+        fake.fail("nvmlGpmSampleGet", code)  # the card level fails (not NotSupported); instances still answer
+        reading = nvml.profiling(0, instances)
+        assert reading.card is None
+        assert set(reading.mig) == {1}
+        assert reading.mig[1].metrics[M.SM_ACTIVE] == pytest.approx(0.7)
+        with pytest.raises(BackendError):  # without MIG instances the failure is the card reading's, as before
+            nvml.profiling(0, ())
+        fake.lose_gpu()
+        with pytest.raises(GpuLostError):
+            nvml.profiling(0, instances)  # a lost card fails every part
     finally:
         nvml.close()
