@@ -54,7 +54,9 @@ def test_the_daemon_refuses_basic_auth_without_bcrypt_naming_the_option(tmp_path
         "import sys; sys.modules['bcrypt'] = None; from healthd.main import main; "
         f"sys.exit(main(['--config', {str(config)!r}, '--simulate', 'h200x1', '--check-config']))"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "transport.metrics_web_config_file: basic_auth_users: needs the Python package bcrypt" in done.stderr
 
