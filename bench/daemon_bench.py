@@ -65,6 +65,8 @@ class DaemonRun:
     interval: float | None = None  # None: the default (5 s), no config file
     real: bool = False  # real NVML: a config file is given, so the daemon cannot fall back to a simulation
     scenario: str | None = None  # --simulate this (a built-in name or a file) instead of a generated scaled node
+    config: str = ""  # more of the config file (TOML sections other than [sampler]); written when not empty
+    umask: int | None = None  # the daemon's umask (the packaged unit's is 0o027); None: inherited
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     cpu_ready: float = 0.0
@@ -91,9 +93,10 @@ class DaemonRun:
         elif not self.real:
             scenario = write_scenario(self.root / "scenario.toml", self.gpus, self.processes_per_gpu)
             args += ["--simulate", str(scenario)]
-        if self.real or self.interval is not None:
+        if self.real or self.interval is not None or self.config:
             config = self.root / "healthd.toml"
-            config.write_text("" if self.interval is None else f"[sampler]\ninterval_seconds = {self.interval}\n")
+            sampler = "" if self.interval is None else f"[sampler]\ninterval_seconds = {self.interval}\n"
+            config.write_text(sampler + self.config)
             args += ["--config", str(config)]
         args += [
             "--metrics-listen",
@@ -105,7 +108,14 @@ class DaemonRun:
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.root,
+                umask=-1 if self.umask is None else self.umask,
+            )
 
     def metrics_text(self) -> str:
         status, body, _ = self.get("/metrics")

@@ -14,6 +14,10 @@ Same format as node_exporter's ``--web.config.file``::
 Options exporter-toolkit has that Python's ssl module cannot honour (Go cipher-suite names, curve preferences,
 clients certificates accepted without verification) are refused with a message rather than silently ignored.
 Hashes and passwords never appear in messages or logs.
+
+PyYAML and bcrypt are imported only when a web config file is read and only when it lists basic-auth users, so a
+node that configures neither (the default) runs without them; a file that needs a missing one is refused with a
+message naming the package.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import bcrypt
-import yaml
 
 
 class WebConfigError(ValueError):
     """A problem in the web config file; the message starts with the option's path."""
+
+
+def _missing(package: str, needed_by: str, exc: ImportError) -> WebConfigError:
+    return WebConfigError(f"{needed_by}: needs the Python package {package}, which is not installed here ({exc})")
 
 
 CLIENT_AUTH_TYPES: Mapping[str, ssl.VerifyMode] = {
@@ -108,6 +114,10 @@ def load_web_config(path: Path) -> WebConfig:
     except UnicodeDecodeError:
         raise WebConfigError(f"web config file {path}: not UTF-8 text") from None
     try:
+        import yaml
+    except ImportError as exc:
+        raise _missing("PyYAML", f"web config file {path}", exc) from None
+    try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config file {path}: not valid YAML: {exc}") from None
@@ -177,6 +187,8 @@ def parse_basic_auth(data: Any) -> dict[str, bytes]:
         return {}
     if not isinstance(data, dict):
         raise WebConfigError("basic_auth_users: expected a mapping of user name to bcrypt hash")
+    if data:
+        _import_bcrypt()  # a missing bcrypt is refused when the file is loaded, not at the first scrape
     users: dict[str, bytes] = {}
     for user, hashed in data.items():
         if not isinstance(user, str) or not user or ":" in user:
@@ -209,6 +221,14 @@ def parse_web_config(data: Any, *, base_dir: Path, source: str = "web config") -
     return WebConfig(parse_tls(data.get("tls_server_config"), base_dir), parse_basic_auth(data.get("basic_auth_users")))
 
 
+def _import_bcrypt() -> ModuleType:
+    try:
+        import bcrypt
+    except ImportError as exc:
+        raise _missing("bcrypt", "basic_auth_users", exc) from None
+    return bcrypt
+
+
 class BasicAuthenticator:
     """Checks ``Authorization: Basic`` headers against bcrypt hashes.
 
@@ -222,7 +242,10 @@ class BasicAuthenticator:
         self._key = hashlib.sha256(repr(sorted(self._users.items())).encode()).digest()
         self._ok: set[bytes] = set()
         self._lock = threading.Lock()
-        self._dummy = bcrypt.hashpw(b"unused", bcrypt.gensalt(rounds=10)) if users else b""
+        self._dummy = b""
+        if self._users:
+            bcrypt = _import_bcrypt()
+            self._dummy = bcrypt.hashpw(b"unused", bcrypt.gensalt(rounds=10))
 
     @property
     def enabled(self) -> bool:
@@ -241,7 +264,7 @@ class BasicAuthenticator:
             if digest in self._ok:
                 return hashed is not None
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy)
+            ok = _import_bcrypt().checkpw(password.encode(), hashed if hashed is not None else self._dummy)
         except ValueError:
             ok = False
         if ok and hashed is not None:

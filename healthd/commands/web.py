@@ -1,6 +1,7 @@
 """`xpuctl web hash-password`: a bcrypt hash for ``basic_auth_users`` of the /metrics web config file.
 
 Uses the bcrypt the daemon itself verifies with, so no htpasswd (apache2-utils) or extra Python package is needed.
+bcrypt is imported only when a hash is asked for: the rest of xpuctl runs without it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import argparse
 import getpass
 import sys
 
-import bcrypt
 import grpc
 
 BCRYPT_MAX_BYTES = 72  # bcrypt ignores (or, in newer versions, refuses) anything past the 72nd byte
@@ -33,6 +33,12 @@ def hash_password(password: str, cost: int) -> str:
         raise ValueError("the password is empty")
     if len(raw) > BCRYPT_MAX_BYTES:
         raise ValueError(f"the password is {len(raw)} bytes; bcrypt uses at most {BCRYPT_MAX_BYTES}")
+    try:
+        import bcrypt
+    except ImportError as exc:
+        raise ValueError(
+            f"hash-password needs the Python package bcrypt, which is not installed here ({exc})"
+        ) from None
     return bcrypt.hashpw(raw, bcrypt.gensalt(rounds=cost)).decode()
 
 

@@ -35,3 +35,30 @@ def test_dry_run_goes_through_the_daemon_for_both_policies_and_prints_the_table(
         assert policy["env_ok"], policy["notes"]  # every client got its partition's pipe directory and quota
     uid = result["policies"][0]["uid1000"]
     assert uid.get("uid") == 1000 or "skipped" in uid, uid
+    if "skipped" not in uid:
+        # the client went through the daemon's own MPS directories (made under the unit's umask), not a folder the
+        # bench made for it; whether that uid can reach the pipe is recorded, with the modes it met
+        assert uid["pipe"]["dir"].startswith(result["runtime_dir"] + "/mps/")
+        assert isinstance(uid["pipe"]["reachable"], bool)
+        assert uid["dir_modes"]["run"].startswith("0755")
+        assert any(key.startswith("run/mps/") and key.endswith("/pipe") for key in uid["dir_modes"])
+        assert "pipe dir reachable:" in done.stdout
+    assert (tmp_path / "tdm-daemon.log").stat().st_size > 0
+
+
+def test_quick_keeps_the_runs_together_the_cap_and_the_uid1000_client(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/tdm_sharing.py", "--simulate", "--quick", "--seconds", "0.1", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "tdm_sharing.json").read_text())
+    assert result["quick"] is True
+    for policy in result["policies"]:
+        assert policy["alone"] == {} and set(policy["together"]) == {"A", "B"}
+        assert policy["env_ok"], policy["notes"]
+    assert result["policies"][0]["uid1000"], "the uid-1000 client runs in the quick check too"
