@@ -14,6 +14,8 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.attribution.attributor import Attribution
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
+from exporter.collectors.dcgm_fields import DEFAULT_VERSION as DCGM_DEFAULT
+from exporter.collectors.dcgm_fields import VERSIONS as DCGM_VERSIONS
 from exporter.executor import in_daemon_thread
 from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
@@ -33,6 +35,7 @@ class ExporterSettings:
     dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
     # the host-name label of dcgm-compat series: "Hostname" for dcgm-exporter releases before 4.6.0-4.8.3
     dcgm_hostname_label: str = option("hostname", choices=("hostname", "Hostname"))
+    dcgm_compat_version: str = option(DCGM_DEFAULT, choices=DCGM_VERSIONS)  # dcgm-exporter's names of that line
 
 
 def last_xid_per_gpu(engine: FaultEngine) -> Callable[[], Mapping[int, int]]:
@@ -67,7 +70,11 @@ class CardMetrics:
             hostname = os.environ.get("NODE_NAME") or socket.gethostname()
             self._collectors.append(
                 DcgmCompatCollector(
-                    hostname, last_xid, hostname_label=settings.dcgm_hostname_label, attribution=attribution
+                    hostname,
+                    last_xid,
+                    hostname_label=settings.dcgm_hostname_label,
+                    attribution=attribution,
+                    version=settings.dcgm_compat_version,
                 )
             )
 
