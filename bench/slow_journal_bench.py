@@ -35,9 +35,9 @@ from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.fault import Fault, FaultRecord  # noqa: E402
 from healthd.faults.journal import Change, Journal  # noqa: E402
-from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
+from healthd.findings import Action, Finding, GpuRef, Severity  # noqa: E402
 from healthd.probes import HealthSettings, ProbeHost, default_probes  # noqa: E402
 from healthd.probes.runner import ProbeRunner  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402

@@ -7,7 +7,7 @@ from typing import Any
 
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault, FaultRecord, FaultState
-from healthd.faults.model import Action, GpuRef, Severity
+from healthd.findings import Action, GpuRef, Severity
 
 # proto enums keep 0 for "unspecified", so the domain values map by name (ACTION_NONE = 1, ...)
 SEVERITY_TO_PB = {s: f"SEVERITY_{s.name}" for s in Severity}

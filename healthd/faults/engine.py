@@ -44,8 +44,8 @@ import structlog
 from healthd.faults.escalation import RebootEscalation
 from healthd.faults.fault import Fault, FaultRecord, FaultState, RecordKind, identity_of, new_fault
 from healthd.faults.journal import Change, Journal
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport
 from healthd.faults.settings import FaultsSettings
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport
 
 log = structlog.get_logger("faults")
 

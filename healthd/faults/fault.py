@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from healthd.faults.model import Action, Finding, GpuRef, Severity
+from healthd.findings import Action, Finding, GpuRef, Severity
 
 
 class FaultState(enum.StrEnum):

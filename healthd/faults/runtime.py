@@ -15,11 +15,11 @@ from healthd.faults.engine import FaultEngine
 from healthd.faults.escalation import read_boot_id
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
-from healthd.faults.model import Action
 from healthd.faults.notify import CommitSignal
 from healthd.faults.outbox import HookDispatcher
 from healthd.faults.service import HealthService
 from healthd.faults.settings import FaultsSettings, HookSettings
+from healthd.findings import Action
 
 log = structlog.get_logger("faults")
 

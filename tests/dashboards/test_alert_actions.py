@@ -20,7 +20,7 @@ import yaml
 
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.config import parse_config
-from healthd.faults.model import Action
+from healthd.findings import Action
 from healthd.probes import ProbeHost, default_probes
 from healthd.probes.base import Probe
 from healthd.xid.catalog import load_catalog

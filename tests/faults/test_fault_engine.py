@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from healthd.faults.fault import FaultFilter, FaultRecord, FaultState, RecordKind
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, ProbeReport, Severity
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, ProbeReport, Severity
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import GPU0, GPU1, SETTINGS, ecc_finding, ecc_report, make_engine, xid
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, ecc_finding, ecc_report, xid
 
 

@@ -15,8 +15,8 @@ import pytest
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
 from healthd.faults.fault import FaultFilter
-from healthd.faults.model import Action, Severity
 from healthd.faults.settings import HookSettings
+from healthd.findings import Action, Severity
 from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, xid
 from tests.support.hook_process import start_hook, stop_hook
 from tests.support.waiting import wait_until

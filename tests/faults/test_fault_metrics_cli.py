@@ -14,7 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 from healthd.cli import main as xpuctl
 from healthd.config import ConfigError, parse_config
 from healthd.faults.metrics import FaultMetricsCollector
-from healthd.faults.model import Action, CheckStatus, Severity
+from healthd.findings import Action, CheckStatus, Severity
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, ecc_finding, ecc_report, make_engine, xid
 from tests.support.paths import REPO

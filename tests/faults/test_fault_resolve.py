@@ -12,7 +12,7 @@ from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults import service as health_service
 from healthd.faults.fault import FaultState
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.rpc.server import GrpcServer, Service
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import GPU0, GPU1, DaemonThread, ecc_finding, ecc_report, make_engine, xid

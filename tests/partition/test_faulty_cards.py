@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from healthd.faults.fault import Fault, FaultState
-from healthd.faults.model import Action, GpuRef, Severity
 from healthd.faults.out_of_service import gpus_out_of_service
+from healthd.findings import Action, GpuRef, Severity
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager

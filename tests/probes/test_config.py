@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healthd.config import ConfigError, parse_config
-from healthd.faults.model import Action
+from healthd.findings import Action
 from healthd.probes import PROBES, HealthSettings, ProbeHost, default_probes, parse_health
 from healthd.probes.configuration import ConfigurationProbe
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from exporter.backends.types import ComputeMode
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.configuration import ConfigurationExpectations, ConfigurationProbe
 from tests.support.probe_node import Node, codes, only, status
 

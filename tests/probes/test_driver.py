@@ -8,7 +8,7 @@ import pytest
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings, read_module_version, scan_dstate
 from tests.support.clock import FakeClock
 from tests.support.probe_node import Node, codes, only, status

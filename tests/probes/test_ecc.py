@@ -3,7 +3,7 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.backends.types import UNSUPPORTED
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.ecc import EccProbe, EccThresholds
 from tests.support.probe_node import Node, codes, only, status
 

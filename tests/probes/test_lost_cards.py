@@ -10,7 +10,7 @@ from exporter.backends.scenario import parse_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.lost_cards import INVENTORY_FILE, LostCardProbe, LostCardSettings, scan_pci_gpus
 from tests.support.clock import FakeClock
 from tests.support.probe_node import Node, codes, only

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from exporter.backends.errors import BackendError
 from exporter.backends.types import GpuProcess
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings, MemoryLeakThresholds
 from tests.support.probe_node import Node, codes, only, status
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.nvlink import NvLinkProbe, NvLinkThresholds
 from tests.support.probe_node import Node, codes, only, status
 

@@ -14,7 +14,7 @@ import healthd.probes
 from exporter.snapshot import Snapshot
 from healthd.config import ConfigError, parse_config
 from healthd.faults.metrics import FaultMetricsCollector
-from healthd.faults.model import Action, Finding, ProbeReport, Severity
+from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.probes import PROBES, ProbeHost, default_probes
 from healthd.probes.common import ReportBuilder, gpu_ref
 from healthd.probes.runner import ProbeRunner

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, ProbeReport
+from healthd.findings import Action, Finding, ProbeReport
 from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.ecc import EccProbe
 from healthd.probes.runner import ProbeRunner

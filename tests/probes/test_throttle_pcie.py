@@ -7,7 +7,7 @@ import dataclasses
 
 from exporter.backends.types import ClockEventReason
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 from healthd.probes.pcie import PcieProbe
 from healthd.probes.throttle import ThrottleProbe
 from tests.support.probe_node import Node, codes, only, status

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.faults.settings import FaultsSettings
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from tests.support.clock import FakeClock
 
 GPU0 = GpuRef(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:18:00.0")

@@ -8,7 +8,7 @@ import pytest
 import structlog.testing
 
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, Severity
+from healthd.findings import Action, Finding, Severity
 from healthd.xid.catalog import CatalogError, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_record
 from healthd.xid.watcher import XidTiming, XidWatcher

@@ -26,7 +26,7 @@ from exporter.collectors.card import CardCollector
 from exporter.snapshot import Snapshot
 from exporter.status_page import Problem, card_problems
 from healthd.daemon.status_rows import status_providers
-from healthd.faults.model import Action, ProbeReport, Severity
+from healthd.findings import Action, ProbeReport, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import make_engine
