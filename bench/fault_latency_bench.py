@@ -49,7 +49,7 @@ from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
-from healthd.findings import Action, Finding, GpuRef, Severity  # noqa: E402
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
 from healthd.xid.catalog import XidCatalog, load_catalog  # noqa: E402
 from healthd.xid.watcher import XidSettings, build_watcher  # noqa: E402
@@ -69,7 +69,7 @@ def summary(name: str, seconds: Sequence[float]) -> str:
 def bench_finding(i: int) -> Finding:
     gpu = GpuRef(i % 8, f"GPU-bench-{i % 8}", f"00000000:{i % 8:02x}:00.0")
     return Finding("xid", f"xid_{1000 + i}", Severity.FATAL, Action.REPLACE_NODE, "bench XID", gpu,
-                   evidence={"xid": str(1000 + i)}, kind="event")  # fmt: skip
+                   evidence={"xid": str(1000 + i)}, kind=FindingKind.EVENT)  # fmt: skip
 
 
 class engine_injector:  # noqa: N801 - used like a function

@@ -37,7 +37,7 @@ from healthd.faults.fault import Fault, FaultRecord  # noqa: E402
 from healthd.faults.journal import Change, Journal  # noqa: E402
 from healthd.faults.runtime import FaultRuntime  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
-from healthd.findings import Action, Finding, GpuRef, Severity  # noqa: E402
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
 from healthd.probes import HealthSettings, ProbeHost, default_probes  # noqa: E402
 from healthd.probes.runner import ProbeRunner  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
@@ -81,7 +81,15 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
             while not stop.is_set():
                 written[0] += 1
                 runtime.engine.event(
-                    Finding("bench", f"event_{written[0]}", Severity.WARNING, Action.NONE, "bench", gpu, kind="event")
+                    Finding(
+                        "bench",
+                        f"event_{written[0]}",
+                        Severity.WARNING,
+                        Action.NONE,
+                        "bench",
+                        gpu,
+                        kind=FindingKind.EVENT,
+                    )
                 )
                 stop.wait(0.05)
 

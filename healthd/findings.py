@@ -29,6 +29,11 @@ class Action(enum.IntEnum):
         return self.name.lower()
 
 
+class FindingKind(enum.StrEnum):
+    CONDITION = "condition"  # level-triggered: reported on every evaluation while the problem lasts
+    EVENT = "event"  # happens once (an XID line, an ECC event)
+
+
 class CheckStatus(enum.StrEnum):
     OK = "ok"
     WARNING = "warning"
@@ -52,9 +57,9 @@ def _no_evidence() -> Mapping[str, str]:
 class Finding:
     """One problem a probe sees.
 
-    ``kind="condition"`` findings are level-triggered: reported on every evaluation while the problem lasts, and
+    ``FindingKind.CONDITION`` findings are level-triggered: reported on every evaluation while the problem lasts, and
     the engine resolves the fault when a later evaluation of the same check no longer reports it.
-    ``kind="event"`` findings (an XID line, an ECC event) happen once; the engine dedups bursts of them.
+    ``FindingKind.EVENT`` findings (an XID line, an ECC event) happen once; the engine dedups bursts of them.
     """
 
     check: str  # probe name, e.g. "ecc", "nvlink", "xid"
@@ -64,7 +69,7 @@ class Finding:
     message: str  # one line for a person
     gpu: GpuRef | None = None  # None: node-wide
     evidence: Mapping[str, str] = field(default_factory=_no_evidence)
-    kind: str = "condition"  # "condition" or "event"
+    kind: FindingKind = FindingKind.CONDITION
 
 
 @dataclass(frozen=True, slots=True)

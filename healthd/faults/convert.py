@@ -28,7 +28,7 @@ def fault_pb(f: Fault) -> Any:
         last_seq=f.last_seq,
         check=f.check,
         code=f.code,
-        kind=f.kind,
+        kind=f.kind.value,
         severity=SEVERITY_TO_PB[f.severity],
         action=ACTION_TO_PB[f.action],
         message=f.message,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from healthd.faults.fault import FaultFilter, FaultRecord, FaultState, RecordKind
-from healthd.findings import Action, CheckResult, CheckStatus, Finding, ProbeReport, Severity
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, FindingKind, ProbeReport, Severity
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import GPU0, GPU1, SETTINGS, ecc_finding, ecc_report, make_engine, xid
 
@@ -266,7 +266,7 @@ def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathF
     for op, picks, status, dt in steps:
         clock.advance(dt)
         if op == "report":
-            findings = [FINDINGS[i] for i in sorted(picks) if FINDINGS[i].kind == "condition"]
+            findings = [FINDINGS[i] for i in sorted(picks) if FINDINGS[i].kind is FindingKind.CONDITION]
             engine.accept_report(ecc_report(*findings, status={0: status}))
         elif op == "event":
             for i in sorted(picks):

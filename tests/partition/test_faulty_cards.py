@@ -10,7 +10,7 @@ import pytest
 
 from healthd.faults.fault import Fault, FaultState
 from healthd.faults.out_of_service import gpus_out_of_service
-from healthd.findings import Action, GpuRef, Severity
+from healthd.findings import Action, FindingKind, GpuRef, Severity
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
@@ -28,7 +28,7 @@ def fault(gpu: int | None, action: Action, code: str = "xid_79", state: FaultSta
         opened_seq=1,
         check="xid",
         code=code,
-        kind="event",
+        kind=FindingKind.EVENT,
         gpu=ref,
         severity=Severity.FATAL,
         action=action,

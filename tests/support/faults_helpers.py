@@ -8,7 +8,7 @@ from pathlib import Path
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.settings import FaultsSettings
-from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, FindingKind, GpuRef, ProbeReport, Severity
 from tests.support.clock import FakeClock
 
 GPU0 = GpuRef(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:18:00.0")
@@ -48,7 +48,7 @@ def xid(
     code: int, gpu: GpuRef = GPU0, *, severity: Severity = Severity.CRITICAL, action: Action = Action.RESTART_APP
 ) -> Finding:
     return Finding(
-        "xid", f"xid_{code}", severity, action, f"XID {code}", gpu, evidence={"xid": str(code)}, kind="event"
+        "xid", f"xid_{code}", severity, action, f"XID {code}", gpu, evidence={"xid": str(code)}, kind=FindingKind.EVENT
     )
 
 
