@@ -26,8 +26,8 @@ from healthd.daemon.startup import (
     move_aside_state,
     option_names,
 )
-from healthd.daemon.state_files import CorruptStateError, StateFileError
 from healthd.daemon.systemd import Notifier
+from healthd.state_files import CorruptStateError, StateFileError
 
 log = structlog.get_logger("main")
 

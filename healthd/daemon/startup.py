@@ -158,11 +158,11 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
 
     A readable file is never moved (that would drop good state); StartupError says so.
     """
-    from healthd.daemon.state_files import StateFileError, move_aside_if_corrupt
     from healthd.faults.journal import Journal
     from healthd.faults.runtime import JOURNAL_FILE
     from healthd.partition.store import Store
     from healthd.partition.wiring import STATE_FILE
+    from healthd.state_files import StateFileError, move_aside_if_corrupt
 
     path = state_dir / (JOURNAL_FILE if kind == "faults" else STATE_FILE)
     if not path.exists():

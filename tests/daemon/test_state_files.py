@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside
 from healthd.faults.journal import Journal
 from healthd.hook.reference import ExecutionStore
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.store import Store
+from healthd.state_files import CorruptStateError, StateFileError, move_aside
 
 
 def _record(i: int, gpu: int, mode: CardMode) -> PartitionRecord:
