@@ -14,7 +14,7 @@ from healthd.attribution.wiring import AttributionSettings
 from healthd.daemon.device import SamplerSettings
 from healthd.daemon.metrics import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings
-from healthd.host import HostSettings
+from healthd.host.view import HostSettings
 from healthd.partition.settings import PartitionSettings
 from healthd.probes import HealthSettings, parse_health
 from healthd.rpc.addresses import check_grpc_addresses, default_grpc_listen, default_runtime_dir

@@ -19,7 +19,7 @@ from exporter.collectors.process import ProcessCollector
 from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
 from exporter.snapshot import Snapshot
-from healthd.host import HostView
+from healthd.host.view import HostView
 from healthd.rpc.server import Service
 from healthd.settings import option
 

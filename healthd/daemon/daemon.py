@@ -31,7 +31,7 @@ from healthd.daemon.status import NodeHealth
 from healthd.daemon.status_rows import status_providers
 from healthd.faults.component import HealthComponent
 from healthd.faults.out_of_service import gpus_out_of_service
-from healthd.host import choose_host
+from healthd.host.view import choose_host
 from healthd.partition.planner import topology_aware
 from healthd.partition.wiring import PartitionsComponent
 from healthd.rpc.transport import is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id

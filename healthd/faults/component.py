@@ -14,7 +14,7 @@ from healthd.faults import service as health_service
 from healthd.faults.journal import Journal
 from healthd.faults.runtime import JOURNAL_FILE, FaultRuntime
 from healthd.faults.settings import FaultsSettings, HookSettings
-from healthd.host import HostView
+from healthd.host.view import HostView
 from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner

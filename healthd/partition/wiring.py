@@ -16,7 +16,7 @@ import structlog
 from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.snapshot import Snapshot
-from healthd.host import HostView
+from healthd.host.view import HostView
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.driverlibs import discover_driver_edits

@@ -13,7 +13,7 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler
 from healthd.attribution.wiring import AttributionComponent, AttributionSettings
 from healthd.config import ConfigError, parse_config
-from healthd.host import HostSettings, choose_host
+from healthd.host.view import HostSettings, choose_host
 
 
 def test_defaults() -> None:

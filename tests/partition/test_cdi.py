@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from healthd.host.devices import DeviceNode
 from healthd.partition.cdi import CDI_KIND, SPEC_FILE, CdiWriter, build_spec, device_name, minimum_version
-from healthd.partition.devnodes import DeviceNode
 from healthd.partition.edits import ContainerEdits, Hook, Mount
 
 NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$")  # CDI device name rule

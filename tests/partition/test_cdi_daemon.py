@@ -16,11 +16,11 @@ from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
-from healthd.host import HostSettings
+from healthd.host.simulated_devices import gpu_instance_minor
+from healthd.host.view import HostSettings
 from healthd.partition import wiring
 from healthd.partition.edits import ContainerEdits, Mount
 from healthd.partition.settings import PartitionSettings
-from healthd.partition.simdevices import gpu_instance_minor
 from tests.support.partitions import partitions_on
 
 LEASE = pb.Owner(lease=pb.LeaseOwner(holder="t"))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from healthd.partition.devnodes import DeviceNode, HostDevices, parse_mig_minors, parse_proc_devices
-from healthd.partition.simdevices import PROC_DEVICES, mig_minors_text, simulated_host_devices
+from healthd.host.devices import DeviceNode, HostDevices, parse_mig_minors, parse_proc_devices
+from healthd.host.simulated_devices import PROC_DEVICES, mig_minors_text, simulated_host_devices
 
 # /proc/devices modelled on driver 580 (majors of the H200 node) and on drivers before 545 (nvidia-frontend)
 DEVICES_580 = """Character devices:

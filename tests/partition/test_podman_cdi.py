@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.simulated import SimulatedBackend
+from healthd.host.devices import DeviceNode
+from healthd.host.simulated_devices import gpu_instance_minor, simulated_host_devices
 from healthd.partition.cdi import CdiWriter
-from healthd.partition.devnodes import DeviceNode
 from healthd.partition.driverlibs import builtin_hook_path, discover, driver_edits
 from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
-from healthd.partition.simdevices import gpu_instance_minor, simulated_host_devices
 from healthd.partition.store import Store
 from tests.partition.standins import LIBRARIES, VERSION, build_busybox_rootfs, build_driver_tree, write_driver_version
 

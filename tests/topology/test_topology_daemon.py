@@ -70,7 +70,7 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
     from exporter.backends.lanes import DeadlineSettings, DeviceAccess
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
-    from healthd.host import HostSettings, choose_host
+    from healthd.host.view import HostSettings, choose_host
     from healthd.topology.wiring import TopologyComponent
 
     backend = SimulatedBackend.from_name("h200x1")

@@ -22,8 +22,8 @@ from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.snapshot import Snapshot
 from exporter.topology.layout import simulated_sysfs
-from healthd.partition.devnodes import HostDevices
-from healthd.partition.simdevices import simulated_host_devices
+from healthd.host.devices import HostDevices
+from healthd.host.simulated_devices import simulated_host_devices
 from healthd.probes.base import ProbeHost
 from healthd.settings import option
 from healthd.sim.node import SimulatedNode

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from healthd.partition.devnodes import HostDevices
+from healthd.host.devices import HostDevices
 
 MAX_GPUS = 32
 GPU_INSTANCES = 15
