@@ -13,7 +13,7 @@ import structlog
 
 from exporter.http import BindError
 from exporter.version import VERSION
-from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
 from healthd.daemon.logs import configure_logging

@@ -22,7 +22,7 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.attribution.wiring import AttributionComponent
 from healthd.component import Component
-from healthd.config import Config
+from healthd.daemon.config import Config
 from healthd.daemon.device import DeviceComponent
 from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
 from healthd.daemon.metrics import CardMetrics, MetricsEndpoint, last_xid_per_gpu

@@ -19,7 +19,7 @@ import structlog
 
 from exporter.snapshot import Snapshot
 from exporter.webconfig import WebConfig, WebConfigError
-from healthd.config import Config, ConfigError
+from healthd.daemon.config import Config, ConfigError
 from healthd.daemon.logs import configure_logging
 from healthd.daemon.reload import plan_reload
 from healthd.daemon.systemd import Notifier, SamplerProgress, Watchdog, watchdog_interval

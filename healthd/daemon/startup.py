@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.backends.scenario import ScenarioError, load_scenario
 from exporter.http import parse_listen_address
-from healthd.config import Config
+from healthd.daemon.config import Config
 from healthd.rpc.addresses import check_grpc_address
 
 QUOTE_LIMIT = 100  # characters of an operator's value quoted back in a message

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healthd.config import Config, ConfigError, load_config, parse_config
+from healthd.daemon.config import Config, ConfigError, load_config, parse_config
 from healthd.daemon.reload import flatten, plan_reload
 from tests.support.paths import REPO
 

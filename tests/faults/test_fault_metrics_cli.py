@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from healthd.cli import main as xpuctl
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.faults.metrics import FaultMetricsCollector
 from healthd.findings import Action, CheckStatus, Severity
 from tests.support.clock import FakeClock

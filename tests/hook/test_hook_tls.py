@@ -17,10 +17,9 @@ import pytest
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.config import Config, ConfigError, parse_config
-from healthd.faults.settings import HookSettings
+from healthd.daemon.config import Config, ConfigError, parse_config
+from healthd.faults.settings import HookSettings, load_hook_tls
 from healthd.findings import Action, Severity
-from healthd.rpc.transport import load_hook_tls
 from tests.support.faults_helpers import DaemonThread, xid
 from tests.support.paths import REPO
 from tests.support.servicehelpers import Pki, make_pki

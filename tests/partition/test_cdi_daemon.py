@@ -14,7 +14,7 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.config import Config, with_overrides
+from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.host.simulated_devices import gpu_instance_minor
 from healthd.host.view import HostSettings

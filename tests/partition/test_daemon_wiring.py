@@ -10,7 +10,7 @@ import grpc
 
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.config import Config, with_overrides
+from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.partition.driverlibs import (
     LIBRARIES,
     MOUNT_OPTIONS,

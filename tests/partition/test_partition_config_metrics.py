@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors import SnapshotExporter
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.partition.manager import CreateRequest
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.model import CardMode, Owner, OwnerKind

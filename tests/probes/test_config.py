@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.findings import Action
 from healthd.probes import PROBES, HealthSettings, ProbeHost, default_probes, parse_health
 from healthd.probes.configuration import ConfigurationProbe

@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 
 import healthd.probes
 from exporter.snapshot import Snapshot
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.faults.metrics import FaultMetricsCollector
 from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.probes import PROBES, ProbeHost, default_probes

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.http import Health, MetricsHTTPServer
 from exporter.webconfig import WebConfigError, load_web_config
-from healthd.config import ConfigError
+from healthd.daemon.config import ConfigError
 from healthd.rpc.server import GrpcServer
 from healthd.rpc.transport import TransportSettings, load_grpc_tls
 from tests.support.servicehelpers import NotifySocket, Pki, make_pki, running_daemon

@@ -11,7 +11,7 @@ import grpc
 
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
-from healthd.config import Config, with_overrides
+from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.daemon.device import SamplerSettings
 from healthd.topology.wiring import TopologySettings

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.topology.nfd import FeatureFilePublisher, node_labels, render_feature_file, write_feature_file
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.topology.wiring import TopologySettings
 from tests.support.topology_fixtures import fixture_topology
 

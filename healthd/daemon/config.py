@@ -13,12 +13,12 @@ from exporter.http import parse_listen_address
 from healthd.attribution.wiring import AttributionSettings
 from healthd.daemon.device import SamplerSettings
 from healthd.daemon.metrics import ExporterSettings
-from healthd.faults.settings import FaultsSettings, HookSettings
+from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
 from healthd.host.view import HostSettings
 from healthd.partition.settings import PartitionSettings
 from healthd.probes import HealthSettings, parse_health
 from healthd.rpc.addresses import check_grpc_addresses, default_grpc_listen, default_runtime_dir
-from healthd.rpc.transport import TransportSettings, check_transport
+from healthd.rpc.transport import TransportSettings, is_tcp, load_grpc_tls, load_metrics_web_config
 from healthd.settings import ConfigError, check_keys, option, parse_section
 from healthd.topology.wiring import TopologySettings
 
@@ -109,7 +109,10 @@ class Config:
         return self.daemon.admin_socket or self.runtime_dir / "healthd-admin.sock"
 
     def check_transport(self) -> None:
-        check_transport(self.transport, self.grpc_addresses, self.hook)
+        """Everything --check-config can verify about transport security without binding anything."""
+        load_grpc_tls(self.transport, [a for a in self.grpc_addresses if is_tcp(a)])
+        load_metrics_web_config(self.transport)
+        load_hook_tls(self.hook)
 
 
 SECTIONS = {f.name for f in fields(Config) if f.name != "source"}
