@@ -19,6 +19,7 @@ from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
 from healthd.rpc.server import Service
+from healthd.xid.metrics import XidCollector
 from healthd.xid.watcher import build_watcher
 
 
@@ -44,7 +45,8 @@ class HealthComponent:
     def collectors(self) -> Sequence[Collector]:
         return [
             self.runtime.collector,
-            ProbeCollector(self.probes, self.xid.event_counts, self.xid.kmsg_overwritten),
+            ProbeCollector(self.probes),
+            XidCollector(self.xid),
         ]
 
     def services(self) -> Sequence[Service]:
