@@ -24,12 +24,13 @@ from healthd.attribution.wiring import AttributionComponent
 from healthd.component import Component
 from healthd.daemon.config import Config
 from healthd.daemon.device import DeviceComponent
+from healthd.daemon.health import JOURNAL_FILE, FindingSources, HealthComponent
 from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
 from healthd.daemon.metrics import CardMetrics, MetricsEndpoint, last_xid_per_gpu
 from healthd.daemon.rpc import RpcEndpoints
 from healthd.daemon.status import NodeHealth
 from healthd.daemon.status_rows import status_providers
-from healthd.faults.component import HealthComponent
+from healthd.faults.journal import Journal
 from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.host.view import choose_host
 from healthd.partition.planner import topology_aware
@@ -53,7 +54,10 @@ class Daemon:
         sampler = self.sampler = self.device.sampler
         self.attribution = AttributionComponent(config.attribution, self.host, sampler)
         self.health = HealthComponent(
-            config.faults, config.hook, config.health, self.device.device, sampler, self.host, config.state_dir
+            Journal(config.state_dir / JOURNAL_FILE),
+            config.faults,
+            config.hook,
+            FindingSources(config.health, self.device.device, sampler, self.host),
         )
         self.topology = TopologyComponent(
             config.topology, self.device.device, sampler, self.host.sysfs_root, self.gpus_out_of_service
@@ -140,8 +144,8 @@ class Daemon:
     # ----- cross-component views --------------------------------------------------------------------------------
 
     def _backlogs(self) -> dict[str, int]:
-        runtime = self.health.runtime
-        return {"hook outbox": sum(runtime.dispatcher.depth.values()), "journal": runtime.io.backlog()}
+        health = self.health
+        return {"hook outbox": sum(health.dispatcher.depth.values()), "journal": health.io.backlog()}
 
     def _healthz(self) -> Health:
         status = self.node.status()

@@ -158,8 +158,8 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
 
     A readable file is never moved (that would drop good state); StartupError says so.
     """
+    from healthd.daemon.health import JOURNAL_FILE
     from healthd.faults.journal import Journal
-    from healthd.faults.runtime import JOURNAL_FILE
     from healthd.partition.store import Store
     from healthd.partition.wiring import STATE_FILE
     from healthd.state_files import StateFileError, move_aside_if_corrupt

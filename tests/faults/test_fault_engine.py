@@ -291,8 +291,8 @@ def test_engine_invariants_under_random_input(tmp_path_factory: pytest.TempPathF
 
 
 def test_boot_id_comes_from_the_configured_file(tmp_path: Path) -> None:
+    from healthd.daemon.health import HealthComponent
     from healthd.faults.journal import Journal
-    from healthd.faults.runtime import FaultRuntime
     from healthd.faults.settings import HookSettings
 
     boot_file = tmp_path / "boot_id"
@@ -301,10 +301,10 @@ def test_boot_id_comes_from_the_configured_file(tmp_path: Path) -> None:
     actions = []
     for boot in ("0b5e-first\n", "0b5e-second\n"):
         boot_file.write_text(boot)
-        runtime = FaultRuntime(Journal(tmp_path / "faults.sqlite"), settings, HookSettings(), clock=FakeClock())
-        assert runtime.engine.boot_id == boot.strip()
-        actions += [r.fault.action for r in runtime.engine.accept_event(fatal) if r.fault.active]
-        runtime.journal.close()
+        health = HealthComponent(Journal(tmp_path / "faults.sqlite"), settings, HookSettings(), clock=FakeClock())
+        assert health.engine.boot_id == boot.strip()
+        actions += [r.fault.action for r in health.engine.accept_event(fatal) if r.fault.active]
+        health.journal.close()
     assert actions == [Action.REBOOT_NODE, Action.REPLACE_NODE]
 
 

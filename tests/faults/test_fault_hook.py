@@ -51,7 +51,7 @@ def test_hook_down_then_up_gets_every_fault_once_in_order(tmp_path: Path) -> Non
         expected = [f.id for f in d.engine.journal.list_faults(FaultFilter(min_action=Action.REBOOT_NODE, limit=100))]
         assert len(expected) == 12
         target = hook.endpoints[0]
-        wait_until(lambda: d.runtime.dispatcher.failures[target] >= 5, "deliveries to fail while the hook is down")
+        wait_until(lambda: d.health.dispatcher.failures[target] >= 5, "deliveries to fail while the hook is down")
         assert d.engine.journal.outbox_depth() == {target: 12}
 
         proc = start_hook(f"unix:{hook_sock}", command, tmp_path / "hook-state.sqlite")
@@ -97,7 +97,7 @@ def test_outbox_survives_a_daemon_restart(tmp_path: Path) -> None:
                         backoff_initial_seconds=0.02, backoff_max_seconds=0.05)  # fmt: skip
     with DaemonThread(tmp_path, tmp_path / "a.sock", hook=hook) as d:
         d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
-        wait_until(lambda: d.runtime.dispatcher.failures[hook.endpoints[0]] >= 1, "a failed delivery")
+        wait_until(lambda: d.health.dispatcher.failures[hook.endpoints[0]] >= 1, "a failed delivery")
     with DaemonThread(tmp_path, tmp_path / "a.sock", hook=hook) as d:
         head = d.engine.journal.outbox_head(hook.endpoints[0])
         assert head is not None

@@ -55,7 +55,7 @@ def test_resolve_is_refused_on_the_monitoring_socket_and_served_on_the_admin_soc
     with DaemonThread(tmp_path, tmp_path / "run" / "healthd.sock") as d:
         admin = GrpcServer(
             [f"unix:{admin_sock}"],
-            [Service(health_service.SERVICE_NAME, d.runtime.admin_service, health_service.add_to_server)],
+            [Service(health_service.SERVICE_NAME, d.health.admin_service, health_service.add_to_server)],
             socket_mode=0o600,
         )
         asyncio.run_coroutine_threadsafe(admin.start(), d.loop).result(30)

@@ -91,7 +91,7 @@ def test_outbox_delivers_over_mtls_to_the_reference_hook(hook: TlsHook, certs: d
     with DaemonThread(tmp_path / "state", tmp_path / "d.sock", hook=hook_settings) as d:
         d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         target = hook_settings.endpoints[0]
-        wait_until(lambda: d.runtime.dispatcher.delivered[target] == 1, "the fault to reach the TLS hook")
+        wait_until(lambda: d.health.dispatcher.delivered[target] == 1, "the fault to reach the TLS hook")
         assert d.engine.journal.outbox_depth() == {}
     assert len((tmp_path / "ran.txt").read_text().split()) == 1
 
@@ -103,7 +103,7 @@ def test_hook_refuses_a_client_certificate_from_another_ca(
     with DaemonThread(tmp_path / "state", tmp_path / "d.sock", hook=hook_settings) as d:
         d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         target = hook_settings.endpoints[0]
-        wait_until(lambda: d.runtime.dispatcher.failures[target] >= 2, "deliveries to fail the handshake")
+        wait_until(lambda: d.health.dispatcher.failures[target] >= 2, "deliveries to fail the handshake")
         assert d.engine.journal.outbox_depth() == {target: 1}  # kept for when the certificate is fixed
         head = d.engine.journal.outbox_head(target)
         assert head is not None and head.last_error.startswith("UNAVAILABLE")
@@ -120,10 +120,10 @@ def test_a_rotated_client_certificate_is_picked_up_without_a_restart(
     with DaemonThread(tmp_path / "state", tmp_path / "d.sock", hook=hook_settings) as d:
         d.engine.accept_event(xid(79, severity=Severity.FATAL, action=Action.REBOOT_NODE))
         target = hook_settings.endpoints[0]
-        wait_until(lambda: d.runtime.dispatcher.failures[target] >= 2, "deliveries to fail with the old certificate")
+        wait_until(lambda: d.health.dispatcher.failures[target] >= 2, "deliveries to fail with the old certificate")
         key.write_bytes(pki.client.key)  # the operator (or cert-manager) replaces the files in place
         cert.write_bytes(pki.client.cert)
-        wait_until(lambda: d.runtime.dispatcher.delivered[target] == 1, "delivery with the new certificate")
+        wait_until(lambda: d.health.dispatcher.delivered[target] == 1, "delivery with the new certificate")
     assert len((tmp_path / "ran.txt").read_text().split()) == 1
 
 

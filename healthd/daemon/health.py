@@ -1,4 +1,5 @@
-"""The fault pipeline as the daemon runs it: journal, engine, hook dispatcher, Health service, metrics."""
+"""The health component: the fault pipeline (journal, engine, hook dispatcher, Health service, the engine's tick)
+and, on a node, the two sources of findings that feed it: the probes over every Snapshot and the XID watcher."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
-from exporter.executor import SerialExecutor
+from exporter.backends.guarded import GuardedBackend
+from exporter.collectors.base import Collector
+from exporter.executor import SerialExecutor, in_daemon_thread
+from exporter.sampler import Sampler
+from healthd.faults import service as health_service
 from healthd.faults.engine import FaultEngine
 from healthd.faults.escalation import read_boot_id
 from healthd.faults.journal import Journal
@@ -20,6 +26,13 @@ from healthd.faults.outbox import HookDispatcher
 from healthd.faults.service import HealthService
 from healthd.faults.settings import FaultsSettings, HookSettings
 from healthd.findings import Action
+from healthd.host.view import HostView
+from healthd.probes import HealthSettings, default_probes
+from healthd.probes.metrics import ProbeCollector
+from healthd.probes.runner import ProbeRunner
+from healthd.rpc.server import Service
+from healthd.xid.metrics import XidCollector
+from healthd.xid.watcher import XidWatcher, build_watcher
 
 log = structlog.get_logger("faults")
 
@@ -27,14 +40,28 @@ JOURNAL_FILE = "faults.sqlite"
 TICK_SECONDS = 10.0
 
 
-class FaultRuntime:
-    """``engine`` is the sink the probe runner calls (``report()``/``event()``), from the loop or any thread."""
+@dataclass(frozen=True, slots=True)
+class FindingSources:
+    """What the probes and the XID watcher read on a node: [health], the driver, the Snapshots, the host's files."""
+
+    health: HealthSettings
+    device: GuardedBackend
+    sampler: Sampler
+    host: HostView
+
+
+class HealthComponent:
+    """``engine`` is the sink the probe runner and the XID watcher call (``report()``/``event()``), from the loop or
+    any thread. Without ``sources`` it is the fault pipeline alone, fed by whoever holds ``engine``."""
+
+    name = "health"
 
     def __init__(
         self,
         journal: Journal,
         faults: FaultsSettings,
         hook: HookSettings,
+        sources: FindingSources | None = None,
         *,
         clock: Callable[[], float] = time.time,
         boot_id: str | None = None,
@@ -57,16 +84,41 @@ class FaultRuntime:
         self.service = HealthService(self.engine, self.signal, self.io)
         self.admin_service = HealthService(self.engine, self.signal, self.io, writable=True)  # on the admin socket
         self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
+        self.probes: ProbeRunner | None = None
+        self.xid: XidWatcher | None = None
+        if sources is not None:
+            s = sources
+            self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine)
+            s.sampler.subscribe(self.probes.on_snapshot, "probes")
+            self.xid = build_watcher(s.health.xid, s.device, self.engine, s.sampler.latest, s.host.kmsg_path)
         self._ticker: asyncio.Task[None] | None = None
+
+    def collectors(self) -> Sequence[Collector]:
+        found: list[Collector] = [self.collector]
+        if self.probes is not None:
+            found.append(ProbeCollector(self.probes))
+        if self.xid is not None:
+            found.append(XidCollector(self.xid))
+        return found
+
+    def services(self) -> Sequence[Service]:
+        return [
+            Service(health_service.SERVICE_NAME, self.service, health_service.add_to_server),
+            Service(health_service.SERVICE_NAME, self.admin_service, health_service.add_to_server, admin=True),
+        ]
 
     async def start(self) -> None:
         self.signal.attach(asyncio.get_running_loop())
         self.dispatcher.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="fault engine tick")
+        if self.xid is not None:
+            self.xid.start()
 
-    async def stop(self, flush_seconds: float = 5.0) -> None:
-        """Stop delivering and ticking, let queued journal work finish (at most ``flush_seconds``), close the
-        journal."""
+    async def stop(self, flush_seconds: float = 3.0) -> None:
+        """Stop the XID watcher, delivering and ticking, let queued journal work finish (at most ``flush_seconds``),
+        close the journal."""
+        if self.xid is not None:  # before the driver closes: it waits on the driver's event set
+            await in_daemon_thread(self.xid.stop, 1.0)
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
