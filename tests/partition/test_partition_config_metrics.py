@@ -95,7 +95,8 @@ def test_metrics_exposition_is_valid(make_node: Callable[[str], Node], tmp_path:
 
 
 def _snapshot() -> object:
-    from exporter.snapshot import CallCounters, Snapshot
+    from exporter.backends.lanes import CallCounters
+    from exporter.snapshot import Snapshot
 
     return Snapshot(
         seq=1,
