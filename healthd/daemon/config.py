@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.http import parse_listen_address
-from healthd.attribution.wiring import AttributionSettings
+from healthd.attribution.component import AttributionSettings
 from healthd.daemon.device import SamplerSettings
 from healthd.daemon.metrics import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
@@ -20,7 +20,7 @@ from healthd.probes import HealthSettings, parse_health
 from healthd.rpc.addresses import check_grpc_addresses, default_grpc_listen, default_runtime_dir
 from healthd.rpc.transport import TransportSettings, is_tcp, load_grpc_tls, load_metrics_web_config
 from healthd.settings import ConfigError, check_keys, option, parse_section
-from healthd.topology.wiring import TopologySettings
+from healthd.topology.component import TopologySettings
 
 __all__ = ["DEFAULT_CONFIG_PATH", "Config", "ConfigError", "load_config", "parse_config", "with_overrides"]
 

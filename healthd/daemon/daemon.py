@@ -20,7 +20,7 @@ from exporter.snapshot import Snapshot
 from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from exporter.webconfig import WebConfig
-from healthd.attribution.wiring import AttributionComponent
+from healthd.attribution.component import AttributionComponent
 from healthd.component import Component
 from healthd.daemon.config import Config
 from healthd.daemon.device import DeviceComponent
@@ -33,11 +33,11 @@ from healthd.daemon.status_rows import status_providers
 from healthd.faults.journal import Journal
 from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.host.view import choose_host
+from healthd.partition.component import PartitionsComponent
 from healthd.partition.planner import topology_aware
-from healthd.partition.wiring import PartitionsComponent
 from healthd.rpc.transport import is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
 from healthd.sim.component import SimulationComponent
-from healthd.topology.wiring import TopologyComponent
+from healthd.topology.component import TopologyComponent
 
 log = structlog.get_logger("main")
 

@@ -160,8 +160,8 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
     """
     from healthd.daemon.health import JOURNAL_FILE
     from healthd.faults.journal import Journal
+    from healthd.partition.component import STATE_FILE
     from healthd.partition.store import Store
-    from healthd.partition.wiring import STATE_FILE
     from healthd.state_files import StateFileError, move_aside_if_corrupt
 
     path = state_dir / (JOURNAL_FILE if kind == "faults" else STATE_FILE)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler
-from healthd.attribution.wiring import AttributionComponent, AttributionSettings
+from healthd.attribution.component import AttributionComponent, AttributionSettings
 from healthd.daemon.config import ConfigError, parse_config
 from healthd.host.view import HostSettings, choose_host
 

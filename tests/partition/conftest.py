@@ -11,13 +11,13 @@ import pytest
 
 from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.component import SERVICE_NAME, add_partitions
 from healthd.partition.manager import ManagerSettings, PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
-from healthd.partition.wiring import SERVICE_NAME, add_partitions
 from healthd.rpc.server import GrpcServer, Service
 from tests.support.clock import FakeClock
 from tests.support.partition_node import Daemon, Node

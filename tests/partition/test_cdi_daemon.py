@@ -18,7 +18,7 @@ from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.host.simulated_devices import gpu_instance_minor
 from healthd.host.view import HostSettings
-from healthd.partition import wiring
+from healthd.partition import component
 from healthd.partition.edits import ContainerEdits, Mount
 from healthd.partition.settings import PartitionSettings
 from tests.support.partitions import partitions_on
@@ -88,7 +88,7 @@ def test_driver_libraries_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         seen.append(1)
         return found
 
-    monkeypatch.setattr(wiring, "discover_driver_edits", discover)
+    monkeypatch.setattr(component, "discover_driver_edits", discover)
     settings = PartitionSettings(cdi_driver_libraries=setting, runtime_dir=tmp_path / "run")
     host = HostSettings(cdi_dir=tmp_path / "cdi")
     parts = partitions_on(RealLookingBackend(), tmp_path / "state", settings, host=host)  # type: ignore[arg-type]
@@ -100,7 +100,7 @@ def test_driver_libraries_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_simulated_node_never_discovers_host_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wiring, "discover_driver_edits", lambda: pytest.fail("looked at the host's libraries"))
+    monkeypatch.setattr(component, "discover_driver_edits", lambda: pytest.fail("looked at the host's libraries"))
     backend = SimulatedBackend.from_name("h200x1")
     parts = partitions_on(backend, tmp_path / "state", PartitionSettings(runtime_dir=tmp_path / "run"))
     try:

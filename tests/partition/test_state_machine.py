@@ -20,6 +20,7 @@ from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.component import SERVICE_NAME, add_partitions
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
@@ -28,7 +29,6 @@ from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
 from healthd.partition.store import Store
-from healthd.partition.wiring import SERVICE_NAME, add_partitions
 from healthd.rpc.server import GrpcServer, Service
 from tests.support.clock import FakeClock
 

@@ -29,8 +29,8 @@ from healthd.api.v1 import topology_pb2_grpc as tpb_grpc
 from healthd.rpc.server import GrpcServer, Service
 from healthd.rpc.validation import InvalidField, parse_ascii_uint, parse_gpu_ref, quote
 from healthd.sim.service import SimulationService
+from healthd.topology.component import _add_topology
 from healthd.topology.service import TopologyService
-from healthd.topology.wiring import _add_topology
 from tests.support.daemon_process import DaemonProcess
 from tests.support.paths import REPO
 

@@ -14,7 +14,7 @@ from healthd.api.v1 import topology_pb2_grpc as pb_grpc
 from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.daemon.device import SamplerSettings
-from healthd.topology.wiring import TopologySettings
+from healthd.topology.component import TopologySettings
 
 
 def test_daemon_serves_topology(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
     from healthd.host.view import HostSettings, choose_host
-    from healthd.topology.wiring import TopologyComponent
+    from healthd.topology.component import TopologyComponent
 
     backend = SimulatedBackend.from_name("h200x1")
     host = choose_host(HostSettings(), backend, tmp_path / "state")  # the host view, as the daemon chooses it

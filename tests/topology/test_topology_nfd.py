@@ -8,7 +8,7 @@ import pytest
 
 from exporter.topology.nfd import FeatureFilePublisher, node_labels, render_feature_file, write_feature_file
 from healthd.daemon.config import ConfigError, parse_config
-from healthd.topology.wiring import TopologySettings
+from healthd.topology.component import TopologySettings
 from tests.support.topology_fixtures import fixture_topology
 
 NS = "xpu.feature.node.kubernetes.io"

@@ -19,8 +19,8 @@ from healthd import cli
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
 from healthd.rpc.server import GrpcServer, Service
+from healthd.topology.component import _add_topology
 from healthd.topology.service import TopologyService, topology_from_pb, topology_to_pb
-from healthd.topology.wiring import _add_topology
 from tests.support.topology_fixtures import fixture_topology
 
 
