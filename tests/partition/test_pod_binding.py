@@ -15,6 +15,7 @@ from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.reconciler import Reconciler
+from healthd.partition.requests import check_owner
 from healthd.partition.store import Store
 from tests.support.partition_node import Node
 
@@ -113,7 +114,7 @@ def test_kubelet_device_needs_a_lease_or_pod_owner_and_a_resource_name() -> None
         Owner(OwnerKind.POD, namespace="a", pod="b", container="c", resource_name=RESOURCE, device_id="\n"),
     ]:
         with pytest.raises(PartitionError) as err:
-            owner.validate()
+            check_owner(owner)
         assert err.value.kind is Kind.INVALID
 
 
