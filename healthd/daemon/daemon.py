@@ -17,7 +17,6 @@ from exporter.backends.select import choose_backend
 from exporter.health import stale_after
 from exporter.http import Health
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.attribution.component import AttributionComponent
@@ -29,7 +28,7 @@ from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
 from healthd.daemon.metrics import CardMetrics, MetricsEndpoint, last_xid_per_gpu
 from healthd.daemon.rpc import RpcEndpoints
 from healthd.daemon.status import NodeHealth
-from healthd.daemon.status_rows import status_providers
+from healthd.daemon.status_page import render_status_page
 from healthd.faults.journal import Journal
 from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.host.view import choose_host
@@ -90,9 +89,6 @@ class Daemon:
             access,
             stale_after(s.interval_seconds, access.deadlines.read_seconds, access.deadlines.open_seconds),
             backlogs=self._backlogs,
-        )
-        self.status_providers = status_providers(
-            self.health.engine, self.partitions.manager if self.partitions else None
         )
         self.metrics = MetricsEndpoint(
             config.metrics_listen,
@@ -158,9 +154,12 @@ class Daemon:
         return gpus_out_of_service(self.health.engine.active_faults()) | hung
 
     def status_page(self) -> str:
+        manager = self.partitions.manager if self.partitions is not None else None
         return render_status_page(
             self.sampler.latest(),
-            providers=self.status_providers,
+            checks=self.health.engine.check_states,
+            faults=self.health.engine.active_faults,
+            partitions=(lambda: manager.view().partitions) if manager is not None else tuple,
             hostname=socket.gethostname(),
             version=VERSION,
             node=self.node.status(),

@@ -11,7 +11,7 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.health import CardState, Level, stale_after, summarize
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
+from healthd.daemon.status_page import render_status_page
 from tests.support.clock import FakeClock
 
 STALE = 30.0

@@ -1,4 +1,5 @@
-"""The status page at /: rendering from Snapshots and providers, escaping, and the real page in headless Chromium.
+"""The status page at /: rendering from Snapshots, check states, faults and partitions, escaping, and the real page
+in headless Chromium.
 
 Set XPU_UPDATE_SCREENSHOT=1 to refresh docs/status-page.png from the Chromium test.
 """
@@ -19,9 +20,11 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from exporter.status_page import CheckRow, FaultRow, PartitionRow, StatusProviders, render_status_page
-from healthd.daemon.status_rows import status_providers
-from healthd.faults.engine import FaultEngine
+from healthd.daemon.status_page import render_status_page
+from healthd.faults.engine import CheckState
+from healthd.faults.fault import Fault, new_fault
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, Severity
+from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings
 from tests.support.clock import FakeClock
 from tests.support.daemon_process import DaemonProcess
@@ -115,10 +118,19 @@ class Page(HTMLParser):
         raise AssertionError(f"no row for GPU {index}")
 
 
-def engine_pipeline(tmp_path: Path, clock: FakeClock) -> tuple[FaultEngine, StatusProviders]:
-    """The daemon's fault engine and the status-page providers it builds over it (healthd/daemon/status_rows.py)."""
-    engine = make_engine(tmp_path, clock)
-    return engine, status_providers(engine, None)
+def gpu(index: int | None) -> GpuRef | None:
+    return None if index is None else GpuRef(index, f"GPU-{index}", f"0000:{index + 0x18:02x}:00.0")
+
+
+def check(name: str, index: int | None, status: CheckStatus, detail: str = "") -> CheckState:
+    return CheckState(CheckResult(name, gpu(index), status, detail), at=0.0)
+
+
+def fault(
+    code: str, index: int | None, severity: Severity, action: Action, message: str, since: float, name: str = "test"
+) -> Fault:
+    finding = Finding(name, code, severity, action, message, gpu(index))
+    return new_fault(finding, opened_seq=1, now=since, boot_id="boot-1", action=action, evidence={})
 
 
 def test_healthy_node_page(sim: SimulatedBackend, clock: FakeClock) -> None:
@@ -126,11 +138,11 @@ def test_healthy_node_page(sim: SimulatedBackend, clock: FakeClock) -> None:
     assert page.stack == [] and page.external == []
     assert page.banner == ("ok", "All 8 GPUs answering; no health checks in this build")
     assert page.words.count("NVIDIA H200") == 8
-    assert "Not available in this build" in page.words  # no providers: said, not faked
+    assert "Not available in this build" in page.words  # no sources: said, not faked
     assert all(page.gpu(i) == ("ok-row", [("ok", "ok", "")]) for i in range(8))
 
 
-def test_without_providers_the_page_invents_no_problems(sim: SimulatedBackend, clock: FakeClock) -> None:
+def test_without_checks_and_faults_the_page_invents_no_problems(sim: SimulatedBackend, clock: FakeClock) -> None:
     s = Sampler(sim, CONFIG, clock=clock)
     s.run_once()
     sim.inject("nvlink_down", 3, {"link": "4"})
@@ -151,17 +163,14 @@ def test_without_providers_the_page_invents_no_problems(sim: SimulatedBackend, c
 
 
 def test_a_failed_check_shows_on_its_gpu_and_in_the_banner(sim: SimulatedBackend, clock: FakeClock) -> None:
-    providers = StatusProviders(
-        checks=lambda: [
-            *(CheckRow("nvlink", i, "ok", "18/18 links up") for i in range(8) if i != 3),
-            CheckRow("nvlink", 3, "failed", "NVLink 4 was up and is down"),
-            CheckRow("clocks", 5, "warning", "clock slowdown (hw_slowdown) in 90% of samples"),
-            CheckRow("ecc", 1, "unknown", "no sample yet"),
-            CheckRow("pcie", 2, "unsupported", "PCIe link width and generation are not reported"),
-        ],
-        faults=list,
-    )
-    page = Page(render_status_page(sample(sim, clock), clock.now, providers))
+    checks = [
+        *(check("nvlink", i, CheckStatus.OK, "18/18 links up") for i in range(8) if i != 3),
+        check("nvlink", 3, CheckStatus.FAILED, "NVLink 4 was up and is down"),
+        check("clocks", 5, CheckStatus.WARNING, "clock slowdown (hw_slowdown) in 90% of samples"),
+        check("ecc", 1, CheckStatus.UNKNOWN, "no sample yet"),
+        check("pcie", 2, CheckStatus.UNSUPPORTED, "PCIe link width and generation are not reported"),
+    ]
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=lambda: checks, faults=list))
     assert page.gpu(3) == ("bad-row", [("bad", "nvlink: NVLink 4 was up and is down", "")])
     assert page.gpu(5) == ("warn-row", [("warn", "clocks: clock slowdown (hw_slowdown) in 90% of samples", "")])
     assert page.gpu(1)[0] == page.gpu(2)[0] == "ok-row", "unknown and unsupported are not problems"
@@ -170,14 +179,15 @@ def test_a_failed_check_shows_on_its_gpu_and_in_the_banner(sim: SimulatedBackend
 
 def test_data_the_probes_did_not_flag_shows_no_problem(sim: SimulatedBackend, clock: FakeClock, tmp_path: Path) -> None:
     """2 GiB held with no process is not a problem until the memory_leak probe says so ([health.memory_leak])."""
-    engine, providers = engine_pipeline(tmp_path, clock)
+    engine = make_engine(tmp_path, clock)
+    sources = {"checks": engine.check_states, "faults": engine.active_faults}
     probe = MemoryLeakProbe(MemoryLeakSettings(proc_root=None))
     sim.inject("orphan_memory", IDLE_GPU, {"memory_mib": "2048"})
     sampler = Sampler(sim, CONFIG, clock=clock)
     try:
         snap = sampler.run_once()
         engine.accept_report(probe.evaluate(snap, clock.now))
-        text = render_status_page(snap, clock.now, providers)
+        text = render_status_page(snap, clock.now, **sources)
         page = Page(text)
         assert page.gpu(IDLE_GPU) == ("ok-row", [("ok", "ok", "")])
         assert page.banner == ("ok", "All 8 GPUs answering, no problems seen")
@@ -191,26 +201,25 @@ def test_data_the_probes_did_not_flag_shows_no_problem(sim: SimulatedBackend, cl
             engine.accept_report(probe.evaluate(snap, clock.now))
     finally:
         sampler.stop()
-    page = Page(render_status_page(snap, clock.now, providers))
+    page = Page(render_status_page(snap, clock.now, **sources))
     text = f"memory_leak: 2048 MiB of GPU memory is used but owned by no listed process (for {samples} samples)"
     assert page.gpu(IDLE_GPU) == ("warn-row", [("warn", text, "")])
     assert page.banner == ("warn", f"GPU {IDLE_GPU}: warnings")
 
 
 def test_faults_show_on_their_card_by_severity(sim: SimulatedBackend, clock: FakeClock) -> None:
-    def fault(code: str, gpu: int | None, severity: str, action: str = "none") -> FaultRow:
-        return FaultRow(code, gpu, severity, action, f"{code} happened", clock.now - 5)
+    def happened(code: str, index: int, severity: Severity, action: Action = Action.NONE) -> Fault:
+        return fault(code, index, severity, action, f"{code} happened", clock.now - 5)
 
-    providers = StatusProviders(
-        checks=lambda: [CheckRow("ecc", i, "ok") for i in range(8)],
-        faults=lambda: [
-            fault("ecc_uncorrectable_volatile", 1, "critical", "reset_gpu"),
-            fault("xid_79", 2, "fatal", "replace_node"),
-            fault("persistence_mode_unexpected", 4, "warning"),
-            fault("xid_43", 7, "info"),
-        ],
-    )
-    page = Page(render_status_page(sample(sim, clock), clock.now, providers))
+    snap = sample(sim, clock)
+    checks = [check("ecc", i, CheckStatus.OK) for i in range(8)]
+    faults = [
+        happened("ecc_uncorrectable_volatile", 1, Severity.CRITICAL, Action.RESET_GPU),
+        happened("xid_79", 2, Severity.FATAL, Action.REPLACE_NODE),
+        happened("persistence_mode_unexpected", 4, Severity.WARNING),
+        happened("xid_43", 7, Severity.INFO),
+    ]
+    page = Page(render_status_page(snap, clock.now, checks=lambda: checks, faults=lambda: faults))
     assert page.gpu(1) == (
         "bad-row",
         [("bad", "fault ecc_uncorrectable_volatile (reset_gpu)", "critical: ecc_uncorrectable_volatile happened")],
@@ -222,34 +231,31 @@ def test_faults_show_on_their_card_by_severity(sim: SimulatedBackend, clock: Fak
 
 
 def test_node_wide_checks_and_faults_go_into_the_banner(sim: SimulatedBackend, clock: FakeClock) -> None:
-    providers = StatusProviders(
-        checks=lambda: [
-            CheckRow("lost_cards", None, "failed", "7 GPUs visible, 8 expected (learned)"),
-            CheckRow("driver", None, "ok", "driver 580.159.04 loaded and answering"),
-        ],
-        faults=lambda: [FaultRow("gpu_count_low", None, "critical", "reboot_node", "7 GPUs visible", clock.now)],
-    )
-    page = Page(render_status_page(sample(sim, clock), clock.now, providers))
+    checks = [
+        check("lost_cards", None, CheckStatus.FAILED, "7 GPUs visible, 8 expected (learned)"),
+        check("driver", None, CheckStatus.OK, "driver 580.159.04 loaded and answering"),
+    ]
+    faults = [fault("gpu_count_low", None, Severity.CRITICAL, Action.REBOOT_NODE, "7 GPUs visible", clock.now)]
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=lambda: checks, faults=lambda: faults))
     assert page.banner == ("bad", "node: lost_cards: 7 GPUs visible, 8 expected (learned); 1 active fault")
     assert all(page.gpu(i)[0] == "ok-row" for i in range(8)), "a node-wide result is no card's problem"
-    warn_only = StatusProviders(checks=lambda: [CheckRow("driver", None, "warning", "slow driver")], faults=list)
-    assert Page(render_status_page(sample(sim, clock), clock.now, warn_only)).banner == (
+    warn_only = [check("driver", None, CheckStatus.WARNING, "slow driver")]
+    assert Page(render_status_page(sample(sim, clock), clock.now, checks=lambda: warn_only, faults=list)).banner == (
         "warn",
         "node: driver: slow driver",
     )
 
 
 def test_checks_that_have_not_run_yet_are_not_all_clear(sim: SimulatedBackend, clock: FakeClock) -> None:
-    page = Page(render_status_page(sample(sim, clock), clock.now, StatusProviders(checks=list, faults=list)))
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=list, faults=list))
     assert page.banner == ("ok", "All 8 GPUs answering; the health checks have not run yet")
 
 
-def test_a_provider_that_raises_is_reported_not_fatal(sim: SimulatedBackend, clock: FakeClock) -> None:
-    def broken() -> list[CheckRow]:
+def test_a_source_that_raises_is_reported_not_fatal(sim: SimulatedBackend, clock: FakeClock) -> None:
+    def broken() -> list[CheckState]:
         raise RuntimeError("engine lock poisoned")
 
-    providers = StatusProviders(checks=broken, faults=list, partitions=list)
-    page = Page(render_status_page(sample(sim, clock), clock.now, providers))
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=broken, faults=list, partitions=list))
     assert "Health checks Not available: reading them failed (RuntimeError: engine lock poisoned)." in page.words
     assert page.banner == ("ok", "All 8 GPUs answering; no health checks in this build")
     assert all(page.gpu(i)[0] == "ok-row" for i in range(8))
@@ -268,33 +274,44 @@ def test_lost_gpu_has_no_values_and_says_why(sim: SimulatedBackend, clock: FakeC
     assert "1 not answering" in page.words and "no current values" in page.words
 
 
-def test_providers_fill_faults_checks_and_partitions(sim: SimulatedBackend, clock: FakeClock) -> None:
-    providers = StatusProviders(
-        checks=lambda: [
-            CheckRow("ecc", 0, "ok"),
-            CheckRow("ecc", 3, "failed", "2 DBE"),
-            CheckRow("driver", None, "ok"),
-        ],
-        faults=lambda: [FaultRow("xid_79", 3, "fatal", "replace_node", "GPU has fallen off the bus", clock.now - 42)],
-        partitions=lambda: [PartitionRow("p-1", 7, "mig", "pod default/train", "3g.71gb")],
+def test_the_page_shows_faults_checks_and_partitions(sim: SimulatedBackend, clock: FakeClock) -> None:
+    snap = sample(sim, clock)
+    checks = [
+        check("ecc", 0, CheckStatus.OK),
+        check("ecc", 3, CheckStatus.FAILED, "2 DBE"),
+        check("driver", None, CheckStatus.OK),
+    ]
+    bus = "GPU has fallen off the bus"
+    faults = [fault("xid_79", 3, Severity.FATAL, Action.REPLACE_NODE, bus, clock.now - 42)]
+    mig = MigPlacement(profile_id=9, profile_name="3g.71gb", placement_start=4, placement_size=4)
+    pod = Owner(OwnerKind.POD, namespace="default", pod="train", container="main")
+    tdm = Owner(OwnerKind.LEASE, holder="xpu-device-plugin")
+    partitions = [
+        PartitionRecord("p-1", 7, "GPU-7", CardMode.MIG, 43, 71 * 1024, pod, State.READY, clock.now, mig=mig),
+        PartitionRecord("p-2", 5, "GPU-5", CardMode.TDM, 25, 20480, tdm, State.READY, clock.now),
+        PartitionRecord("p-3", 5, "GPU-5", CardMode.TDM, 0, 0, tdm, State.READY, clock.now),
+    ]
+    page = Page(
+        render_status_page(snap, clock.now, checks=lambda: checks, faults=lambda: faults, partitions=lambda: partitions)
     )
-    page = Page(render_status_page(sample(sim, clock), clock.now, providers))
     words = page.words
     assert page.banner == ("bad", "GPU 3 needs attention; 1 active fault")
     assert [text for _, text, _ in page.gpu(3)[1]] == ["ecc: 2 DBE", "fault xid_79 (replace_node)"]
     assert "xid_79 3 replace_node GPU has fallen off the bus 42 s ago" in words
     assert "ecc ok failed" in words
     assert "check node GPU 0 GPU 3" in words, "node-wide checks get a column named node"
-    assert "p-1 7 mig pod default/train 3g.71gb" in words
+    assert "p-1 7 mig pod default/train container main MIG 3g.71gb at slice 4" in words
+    assert "p-2 5 tdm lease xpu-device-plugin 25%, 20480 MiB" in words
+    assert "p-3 5 tdm lease xpu-device-plugin no compute limit" in words
 
 
-def test_everything_from_providers_is_escaped(sim: SimulatedBackend, clock: FakeClock) -> None:
+def test_everything_from_the_daemon_is_escaped(sim: SimulatedBackend, clock: FakeClock) -> None:
     evil = '<script>alert("x")</script>'
-    providers = StatusProviders(
-        checks=lambda: [CheckRow(evil, 2, "failed", evil)],
-        faults=lambda: [FaultRow(evil, 2, "fatal", "none", evil, clock.now)],
+    checks = [check(evil, 2, CheckStatus.FAILED, evil)]
+    faults = [fault(evil, 2, Severity.FATAL, Action.NONE, evil, clock.now)]
+    text = render_status_page(
+        sample(sim, clock), clock.now, checks=lambda: checks, faults=lambda: faults, hostname=evil
     )
-    text = render_status_page(sample(sim, clock), clock.now, providers, hostname=evil)
     assert "<script>" not in text
     page = Page(text)
     assert page.external == [] and evil in page.words

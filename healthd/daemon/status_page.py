@@ -1,20 +1,21 @@
 """The status page at / on the metrics port: the node at a glance for a person, as one small HTML page.
 
 No scripts, no external assets (it must work on an air-gapped node and through a port-forward); it refreshes
-itself every 10 s. Card data comes from the Snapshot. Health checks, active faults and partitions live in the
-daemon (``healthd``), which the exporter must not import, so they come in through optional providers that return
-the plain rows below; a section whose provider is missing (or failed) says so instead of showing an empty table.
+itself every 10 s. Card data comes from the Snapshot; health checks and active faults from the fault engine,
+partitions from the partition manager, each read through a callable so that a section whose source is missing (or
+failed) says so instead of showing an empty table. exporter/http.py serves the result as its landing page.
 
 The page judges nothing itself: what it calls a problem is a card that does not answer, a health check the
-daemon's probes report as failed or warning (their thresholds are in ``[health.*]``), or an active fault. The card
-values (memory, ECC counts, links up) are shown as data; without providers only an unanswering card is flagged.
+daemon's probes report as failed or warning (their thresholds are in ``[health.*]``), or an active fault of
+severity warning or worse. The card values (memory, ECC counts, links up) are shown as data; without checks and
+faults only an unanswering card is flagged.
 """
 
 from __future__ import annotations
 
 import html
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,43 +24,13 @@ import structlog
 from exporter.backends.types import DeviceSample, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.faults.engine import CheckState
+from healthd.faults.fault import Fault
+from healthd.findings import Action, CheckStatus, GpuRef, Severity
+from healthd.partition.model import PartitionRecord
 
 log = structlog.get_logger("status_page")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckRow:
-    check: str
-    gpu: int | None  # None: node-wide
-    status: str  # ok, warning, failed, unsupported, unknown
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FaultRow:
-    code: str
-    gpu: int | None
-    severity: str  # info, warning, critical, fatal
-    action: str  # none, restart_app, reset_gpu, reboot_node, replace_node
-    message: str
-    since: float  # unix seconds
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionRow:
-    partition_id: str
-    gpu: int
-    mode: str  # tdm, mig
-    owner: str
-    detail: str = ""  # quotas or MIG profile
-
-
-@dataclass(frozen=True, slots=True)
-class StatusProviders:
-    checks: Callable[[], Sequence[CheckRow]] | None = None
-    faults: Callable[[], Sequence[FaultRow]] | None = None
-    partitions: Callable[[], Sequence[PartitionRow]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +40,19 @@ class Problem:
     title: str = ""  # the longer text a pointer over the pill shows
 
 
-# A check status or fault severity -> the pill it gets; anything else (ok, unknown, unsupported; an info fault,
-# listed in the fault table anyway) is not a problem.
-CHECK_LEVELS = {"failed": "bad", "warning": "warn"}
-FAULT_LEVELS = {"fatal": "bad", "critical": "bad", "warning": "warn"}
+# A check status -> the pill it gets; anything else (ok, unknown, unsupported) is not a problem.
+CHECK_LEVELS = {CheckStatus.FAILED: "bad", CheckStatus.WARNING: "warn"}
+
+
+def fault_level(severity: Severity) -> str | None:
+    """Critical and fatal faults are bad, warnings warn; an info fault is listed in the fault table only."""
+    if severity >= Severity.CRITICAL:
+        return "bad"
+    return "warn" if severity is Severity.WARNING else None
+
+
+def _index(gpu: GpuRef | None) -> int | None:
+    return None if gpu is None else gpu.index
 
 
 def data_problems(gpu: GpuSnapshot) -> list[Problem]:
@@ -84,27 +64,28 @@ def data_problems(gpu: GpuSnapshot) -> list[Problem]:
     return []
 
 
-def check_problem(row: CheckRow) -> Problem | None:
-    level = CHECK_LEVELS.get(row.status)
+def check_problem(state: CheckState) -> Problem | None:
+    r = state.result
+    level = CHECK_LEVELS.get(r.status)
     if level is None:
         return None
-    return Problem(level, f"{row.check}: {row.detail}" if row.detail else f"{row.check} {row.status}")
+    return Problem(level, f"{r.check}: {r.detail}" if r.detail else f"{r.check} {r.status}")
 
 
-def fault_problem(row: FaultRow) -> Problem | None:
-    level = FAULT_LEVELS.get(row.severity)
+def fault_problem(fault: Fault) -> Problem | None:
+    level = fault_level(fault.severity)
     if level is None:
         return None
-    action = f" ({row.action})" if row.action != "none" else ""
-    return Problem(level, f"fault {row.code}{action}", f"{row.severity}: {row.message}")
+    action = f" ({fault.action.label})" if fault.action is not Action.NONE else ""
+    return Problem(level, f"fault {fault.code}{action}", f"{fault.severity.name.lower()}: {fault.message}")
 
 
-def card_problems(gpu: GpuSnapshot, checks: Sequence[CheckRow] = (), faults: Sequence[FaultRow] = ()) -> list[Problem]:
+def card_problems(gpu: GpuSnapshot, checks: Sequence[CheckState] = (), faults: Sequence[Fault] = ()) -> list[Problem]:
     """What the state cell of ``gpu`` shows: the data's own facts, then the probes' failed and warning checks for
     this card (failed first), then its active faults."""
-    found = [p for r in checks if r.gpu == gpu.index and (p := check_problem(r)) is not None]
+    found = [p for s in checks if _index(s.result.gpu) == gpu.index and (p := check_problem(s)) is not None]
     found.sort(key=lambda p: p.level != "bad")
-    found += [p for r in faults if r.gpu == gpu.index and (p := fault_problem(r)) is not None]
+    found += [p for f in faults if _index(f.gpu) == gpu.index and (p := fault_problem(f)) is not None]
     return data_problems(gpu) + found
 
 
@@ -188,7 +169,7 @@ def _worst(problems: Sequence[Problem]) -> str:
     return "bad" if any(p.level == "bad" for p in problems) else "warn" if problems else "ok"
 
 
-def _section(title: str, rows: Sequence[object] | None, note: str, render: Callable[[Sequence[object]], str]) -> str:
+def _section(title: str, rows: Sequence[T] | None, note: str, render: Callable[[Sequence[T]], str]) -> str:
     if rows is None:
         return f'<h2>{_e(title)}</h2><p class="muted">{_e(note)}</p>'
     if not rows:
@@ -200,11 +181,12 @@ def _gpu_text(gpu: int | None) -> str:
     return "node" if gpu is None else str(gpu)
 
 
-def _checks_table(rows: Sequence[object]) -> str:
-    checks = sorted({r.check for r in rows if isinstance(r, CheckRow)})
-    gpus = sorted({r.gpu for r in rows if isinstance(r, CheckRow)}, key=lambda g: -1 if g is None else g)
-    cell = {(r.check, r.gpu): r for r in rows if isinstance(r, CheckRow)}
-    level = {"ok": "ok", "warning": "warn", "failed": "bad"}
+def _checks_table(states: Sequence[CheckState]) -> str:
+    rows = [s.result for s in states]
+    checks = sorted({r.check for r in rows})
+    gpus = sorted({_index(r.gpu) for r in rows}, key=lambda g: -1 if g is None else g)
+    cell = {(r.check, _index(r.gpu)): r for r in rows}
+    level = {CheckStatus.OK: "ok", **CHECK_LEVELS}
     head = "<tr><th>check</th>" + "".join(f"<th>{'node' if g is None else f'GPU {g}'}</th>" for g in gpus) + "</tr>"
     body = []
     for check in checks:
@@ -220,57 +202,62 @@ def _checks_table(rows: Sequence[object]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _faults_table(rows: Sequence[object], now: float) -> str:
-    level = {"fatal": "bad", "critical": "bad", "warning": "warn"}
+def _faults_table(faults: Sequence[Fault], now: float) -> str:
     body = []
-    for r in rows:
-        if not isinstance(r, FaultRow):
-            continue
-        age = max(0.0, now - r.since)
+    for f in faults:
+        age = max(0.0, now - f.first_seen)
+        severity = f.severity.name.lower()
         body.append(
-            f'<tr><td><span class="pill {level.get(r.severity, "muted")}">{_e(r.severity)}</span></td>'
-            f"<td>{_e(r.code)}</td><td>{_e(_gpu_text(r.gpu))}</td><td><b>{_e(r.action)}</b></td>"
-            f'<td class="wrap">{_e(r.message)}</td><td>{age:.0f} s ago</td></tr>'
+            f'<tr><td><span class="pill {fault_level(f.severity) or "muted"}">{_e(severity)}</span></td>'
+            f"<td>{_e(f.code)}</td><td>{_e(_gpu_text(_index(f.gpu)))}</td><td><b>{_e(f.action.label)}</b></td>"
+            f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td></tr>'
         )
     head = "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th></tr>"
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _partitions_table(rows: Sequence[object]) -> str:
+def _partition_detail(p: PartitionRecord) -> str:
+    """Quotas, or the MIG profile and where it sits."""
+    if p.mig is not None:
+        return f"MIG {p.mig.profile_name} at slice {p.mig.placement_start}"
+    compute = f"{p.compute_percent}%" if p.compute_percent else "no compute limit"
+    return f"{compute}, {p.memory_mib} MiB" if p.memory_mib else compute
+
+
+def _partitions_table(partitions: Sequence[PartitionRecord]) -> str:
     body = [
-        f"<tr><td>{_e(r.partition_id)}</td><td>{r.gpu}</td><td>{_e(r.mode)}</td><td>{_e(r.owner)}</td>"
-        f'<td class="wrap">{_e(r.detail)}</td></tr>'
-        for r in rows
-        if isinstance(r, PartitionRow)
+        f"<tr><td>{_e(p.id)}</td><td>{p.gpu}</td><td>{_e(p.mode)}</td><td>{_e(p.owner.describe())}</td>"
+        f'<td class="wrap">{_e(_partition_detail(p))}</td></tr>'
+        for p in partitions
     ]
     head = "<tr><th>partition</th><th>GPU</th><th>mode</th><th>owner</th><th>detail</th></tr>"
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _call(name: str, provider: Callable[[], Sequence[T]] | None) -> tuple[list[T] | None, str]:
-    """A provider's rows, or None and why not: none in this build, or it raised (the page still renders)."""
-    if provider is None:
+def _call(name: str, source: Callable[[], Iterable[T]] | None) -> tuple[list[T] | None, str]:
+    """What a source returns, or None and why not: none in this build, or it raised (the page still renders)."""
+    if source is None:
         return None, "Not available in this build."
     try:
-        return list(provider()), ""
+        return list(source()), ""
     except Exception as exc:
-        log.exception("status page: a provider failed", section=name)
+        log.exception("status page: a source failed", section=name)
         return None, f"Not available: reading them failed ({type(exc).__name__}: {exc})."
 
 
 def _banner(
     snapshot: Snapshot,
     problems: dict[int, list[Problem]],
-    checks: Sequence[CheckRow] | None,
-    faults: Sequence[FaultRow] | None,
+    checks: Sequence[CheckState] | None,
+    faults: Sequence[Fault] | None,
 ) -> tuple[str, str]:
     """The banner's level and text from the same problems the GPU rows show, node-wide checks and active faults."""
     if not snapshot.backend_up:
         return "bad", f"GPU driver library not usable: {snapshot.backend_error}"
     bad = [i for i, found in problems.items() if _worst(found) == "bad"]
     warn = [i for i, found in problems.items() if _worst(found) == "warn"]
-    node = [p for r in checks or () if r.gpu is None and (p := check_problem(r)) is not None]
-    fault_levels = [level for f in faults or () if (level := FAULT_LEVELS.get(f.severity)) is not None]
+    node = [p for s in checks or () if s.result.gpu is None and (p := check_problem(s)) is not None]
+    fault_levels = [level for f in faults or () if (level := fault_level(f.severity)) is not None]
     parts = [f"{_gpus(bad)} need{'s' if len(bad) == 1 else ''} attention"] if bad else []
     parts += [f"{_gpus(warn)}: warnings"] if warn else []
     parts += [f"node: {p.text}" for p in node]
@@ -292,14 +279,17 @@ def _banner(
 def render_status_page(
     snapshot: Snapshot | None,
     now: float | None = None,
-    providers: StatusProviders | None = None,
     *,
+    checks: Callable[[], Iterable[CheckState]] | None = None,
+    faults: Callable[[], Iterable[Fault]] | None = None,
+    partitions: Callable[[], Iterable[PartitionRecord]] | None = None,
     hostname: str = "",
     version: str = "",
     node: NodeStatus | None = None,
 ) -> str:
+    """``checks`` and ``faults`` are the fault engine's, ``partitions`` the partition manager's; None: not in this
+    build (the section says so)."""
     now = time.time() if now is None else now
-    providers = providers or StatusProviders()
     title = f"xpu-healthd {hostname}".strip()
     header = (
         f"<header><h1>{_e(title)}</h1>"
@@ -313,11 +303,11 @@ def render_status_page(
         f"{' &middot; ' + _e(version) if version else ''} &middot; data {now - snapshot.taken_at:.1f} s old</span>"
         "</header>"
     )
-    faults, faults_note = _call("faults", providers.faults)
-    checks, checks_note = _call("checks", providers.checks)
-    partitions, partitions_note = _call("partitions", providers.partitions)
-    problems = {g.index: card_problems(g, checks or (), faults or ()) for g in snapshot.gpus}
-    banner = _banner(snapshot, problems, checks, faults)
+    active, faults_note = _call("faults", faults)
+    states, checks_note = _call("checks", checks)
+    records, partitions_note = _call("partitions", partitions)
+    problems = {g.index: card_problems(g, states or (), active or ()) for g in snapshot.gpus}
+    banner = _banner(snapshot, problems, states, active)
     stuck = [g.index for g in snapshot.gpus if not g.fresh]
     if node is not None and not node.serving:
         banner = ("bad", node.summary)
@@ -328,9 +318,9 @@ def render_status_page(
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
         f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems)}"
-        + _section("Active faults", faults, faults_note, lambda rows: _faults_table(rows, now))
-        + _section("Health checks", checks, checks_note, _checks_table)
-        + _section("Partitions", partitions, partitions_note, _partitions_table)
+        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now))
+        + _section("Health checks", states, checks_note, _checks_table)
+        + _section("Partitions", records, partitions_note, _partitions_table)
         + "</main>"
     )
     return _page(title, header + body)
