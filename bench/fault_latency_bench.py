@@ -45,11 +45,11 @@ from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
 from healthd.daemon.health import HealthComponent  # noqa: E402
-from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
 from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
+from healthd.logs import configure_logging  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
 from healthd.xid.catalog import XidCatalog, load_catalog  # noqa: E402
 from healthd.xid.watcher import XidSettings, build_watcher  # noqa: E402

@@ -32,12 +32,12 @@ from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
 from healthd.daemon.health import HealthComponent  # noqa: E402
-from healthd.daemon.logs import configure_logging  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.fault import Fault, FaultRecord  # noqa: E402
 from healthd.faults.journal import Change, Journal  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
 from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
+from healthd.logs import configure_logging  # noqa: E402
 from healthd.probes import HealthSettings, ProbeHost, default_probes  # noqa: E402
 from healthd.probes.runner import ProbeRunner  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402

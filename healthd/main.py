@@ -16,7 +16,6 @@ from exporter.version import VERSION
 from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
-from healthd.daemon.logs import configure_logging
 from healthd.daemon.startup import (
     MOVABLE_STATE,
     StartupError,
@@ -27,6 +26,7 @@ from healthd.daemon.startup import (
     option_names,
 )
 from healthd.daemon.systemd import Notifier
+from healthd.logs import configure_logging
 from healthd.state_files import CorruptStateError, StateFileError
 
 log = structlog.get_logger("main")

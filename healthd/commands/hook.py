@@ -19,8 +19,8 @@ DEFAULT_STATE = Path("/var/lib/xpu-runtime-kit/hook.sqlite")
 
 
 def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
-    from healthd.daemon.logs import configure_logging
     from healthd.hook.reference import serve
+    from healthd.logs import configure_logging
 
     try:
         check_grpc_address(args.listen)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from healthd.daemon.logs import REDACTED, configure_logging, journal_field_name, journal_stream_is_ours
+from healthd.logs import REDACTED, configure_logging, journal_field_name, journal_stream_is_ours
 
 
 @pytest.fixture(autouse=True)
