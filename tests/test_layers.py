@@ -1,4 +1,4 @@
-"""The layers run one way: exporter never imports healthd, the container layer (deviceplugin, container) imports
+"""The layers run one way: exporter never imports healthd, the container layer (container/) imports
 neither but the daemon's generated API, and no package has
 an import cycle (counting every import in a module: lazy ones inside functions and TYPE_CHECKING ones too, since a
 cycle hidden that way is still one)."""
@@ -9,11 +9,9 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.support.paths import REPO
 
-PACKAGES = ("exporter", "healthd", "deviceplugin", "container")
+PACKAGES = ("exporter", "healthd", "container")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 
 
@@ -80,26 +78,13 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_exporter_never_imports_healthd_or_the_plugin() -> None:
+def test_exporter_never_imports_healthd_or_the_container_layer() -> None:
     bad = sorted(
         f"{name} imports {target}"
         for name, targets in graph().items()
         if name.startswith("exporter")
         for target in targets
-        if target.startswith(("healthd", "deviceplugin"))
-    )
-    assert bad == []
-
-
-def test_the_device_plugin_talks_to_the_daemon_only_through_its_api() -> None:
-    if not (REPO / "deviceplugin").is_dir():
-        pytest.skip("no deviceplugin package in this tree")
-    bad = sorted(
-        f"{name} imports {target}"
-        for name, targets in graph().items()
-        if name.startswith("deviceplugin")
-        for target in targets
-        if target.startswith(("exporter", "healthd")) and not target.startswith("healthd.api")
+        if target.startswith(("healthd", "container"))
     )
     assert bad == []
 
@@ -110,7 +95,7 @@ def test_the_container_layer_talks_to_the_daemon_only_through_its_api() -> None:
         for name, targets in graph().items()
         if name.startswith("container")
         for target in targets
-        if target.startswith(("exporter", "healthd", "deviceplugin")) and not target.startswith("healthd.api")
+        if target.startswith(("exporter", "healthd")) and not target.startswith("healthd.api")
     )
     assert bad == []
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.config import ConfigError, PluginConfig, build_parser, load, parse_file
-from deviceplugin.faults import FaultTracker, takes_out_of_service
-from deviceplugin.inventory import Card, NodeView, ProfileRoom
-from deviceplugin.resources import Context, Slices, WholeCards
-from deviceplugin.server import Changes
+from container.deviceplugin.config import ConfigError, PluginConfig, build_parser, load, parse_file
+from container.deviceplugin.faults import FaultTracker, takes_out_of_service
+from container.deviceplugin.inventory import Card, NodeView, ProfileRoom
+from container.deviceplugin.resources import Context, Slices, WholeCards
+from container.deviceplugin.server import Changes
 from healthd.api.v1 import health_pb2 as hpb
 from healthd.api.v1 import partitions_pb2 as ppb
 from tests.support.paths import REPO
@@ -37,15 +37,14 @@ def imports_of(path: Path) -> list[str]:
 
 def test_the_plugin_imports_only_the_daemons_generated_api() -> None:
     """The seed's boundary: the plugin talks to the daemon over gRPC and imports none of its internals."""
-    files = [
-        p for p in (REPO / "deviceplugin").rglob("*.py") if "api" not in p.relative_to(REPO / "deviceplugin").parts
-    ]
+    layer = REPO / "container"  # the DRA driver (dra/) has its own third-party client
+    files = [p for p in layer.rglob("*.py") if not {"api", "dra"} & set(p.relative_to(layer).parts)]
     assert len(files) >= 8
     bad = []
     for path in files:
         for name in imports_of(path):
             top = name.split(".")[0]
-            if top in STDLIB or top in THIRD_PARTY or top == "deviceplugin" or top == "__future__":
+            if top in STDLIB or top in THIRD_PARTY or top == "container" or top == "__future__":
                 continue
             parts = name.split(".")
             if parts[:3] == ["healthd", "api", "v1"] and len(parts) == 4 and parts[3].endswith(("_pb2", "_pb2_grpc")):
@@ -56,7 +55,7 @@ def test_the_plugin_imports_only_the_daemons_generated_api() -> None:
 
 def test_running_the_plugin_loads_no_daemon_module() -> None:
     code = (
-        "import sys, deviceplugin.main, deviceplugin.plugin\n"
+        "import sys, container.deviceplugin.main, container.deviceplugin.plugin\n"
         "bad = sorted(m for m in sys.modules if (m.startswith('healthd.') and not m.startswith('healthd.api'))"
         " or m.startswith('exporter') or m == 'pynvml')\n"
         "print(bad)"
@@ -117,7 +116,11 @@ def test_bad_flags_and_missing_file_exit_with_a_message(tmp_path: Path) -> None:
         (["--config", str(tmp_path / "missing.toml")], "No such file"),
     ]:
         out = subprocess.run(
-            [sys.executable, "-m", "deviceplugin", *argv], capture_output=True, text=True, cwd=REPO, check=False
+            [sys.executable, "-m", "container.deviceplugin", *argv],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=False,
         )
         assert out.returncode == 2 and message in out.stderr
 
@@ -189,7 +192,7 @@ def test_slot_health_follows_the_room_on_the_card() -> None:
     assert [health[f"GPU-6::{n}"] for n in range(7)] == ["Healthy"] * 6 + ["Unhealthy"]
     assert all(d.health == "Unhealthy" for d in Slices(context(view), profile="7g.141gb").devices())
     assert all(d.health == "Unhealthy" for d in Slices(context(view, frozenset({6})), profile="1g.18gb").devices())
-    from deviceplugin.config import TdmShape
+    from container.deviceplugin.config import TdmShape
 
     tdm = Slices(context(view), shape=TdmShape(25, 32768))
     assert [d.health for d in tdm.devices()] == ["Healthy"] * 1 + ["Unhealthy"] * 3  # 40 % left: one 25 % slice
@@ -234,7 +237,7 @@ def test_default_config_is_valid() -> None:
 
 
 def test_allocate_refuses_slots_that_do_not_exist_now() -> None:
-    from deviceplugin.resources import AllocationError
+    from container.deviceplugin.resources import AllocationError
 
     profiles = {"1g.18gb": ProfileRoom("1g.18gb", 16384, 16, 7, 7)}
     view = NodeView(cards=(card(6, ppb.PARTITION_MODE_MIG, profiles=profiles), card(0, ppb.PARTITION_MODE_NONE)))

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
-from deviceplugin.api.v1beta1 import api_pb2 as kpb
-from deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
-from deviceplugin.resources import AllocationError
+from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
+from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
+from container.deviceplugin.resources import AllocationError
 
-log = structlog.get_logger("deviceplugin.server")
+log = structlog.get_logger("container.deviceplugin.server")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"

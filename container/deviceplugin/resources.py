@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import structlog
 
-from deviceplugin.api.v1beta1 import api_pb2 as kpb
-from deviceplugin.config import TdmShape
-from deviceplugin.daemon_client import DaemonClient
-from deviceplugin.inventory import Card, NodeView
+from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
+from container.deviceplugin.config import TdmShape
+from container.deviceplugin.daemon_client import DaemonClient
+from container.deviceplugin.inventory import Card, NodeView
 from healthd.api.v1 import partitions_pb2
 
-log = structlog.get_logger("deviceplugin.resources")
+log = structlog.get_logger("container.deviceplugin.resources")
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 SLOT_SEP = "::"

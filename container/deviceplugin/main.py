@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from deviceplugin.config import ConfigError, PluginConfig, build_parser, load
-from deviceplugin.plugin import Plugin
+from container.deviceplugin.config import ConfigError, PluginConfig, build_parser, load
+from container.deviceplugin.plugin import Plugin
 
 
 def configure_logging(level: str) -> None:

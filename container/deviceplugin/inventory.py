@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import structlog
 
-from deviceplugin.daemon_client import DaemonClient, kubelet_device_of
+from container.deviceplugin.daemon_client import DaemonClient, kubelet_device_of
 
-log = structlog.get_logger("deviceplugin.inventory")
+log = structlog.get_logger("container.deviceplugin.inventory")
 
 MIB = 2**20
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc
 import structlog
 
-from deviceplugin.config import PluginConfig
-from deviceplugin.daemon_client import DaemonClient
-from deviceplugin.faults import FaultTracker
-from deviceplugin.inventory import Inventory
-from deviceplugin.resources import Context, Slices, WholeCards
-from deviceplugin.server import KUBELET_SOCKET, Changes, Resource, ResourceServer, inode
+from container.deviceplugin.config import PluginConfig
+from container.deviceplugin.daemon_client import DaemonClient
+from container.deviceplugin.faults import FaultTracker
+from container.deviceplugin.inventory import Inventory
+from container.deviceplugin.resources import Context, Slices, WholeCards
+from container.deviceplugin.server import KUBELET_SOCKET, Changes, Resource, ResourceServer, inode
 from healthd.api.v1 import partitions_pb2
 
 log = structlog.get_logger("deviceplugin")
