@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import structlog
 
+from container.core.daemon_client import DaemonClient
+from container.core.faults import FaultTracker
+from container.core.inventory import Inventory
 from container.deviceplugin.config import PluginConfig
-from container.deviceplugin.daemon_client import DaemonClient
-from container.deviceplugin.faults import FaultTracker
-from container.deviceplugin.inventory import Inventory
 from container.deviceplugin.resources import Context, Slices, WholeCards
 from container.deviceplugin.server import KUBELET_SOCKET, Changes, Resource, ResourceServer, inode
 from healthd.api.v1 import partitions_pb2

@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 import structlog
 
+from container.core.daemon_client import DaemonClient
+from container.core.inventory import Card, NodeView
 from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
 from container.deviceplugin.config import TdmShape
-from container.deviceplugin.daemon_client import DaemonClient
-from container.deviceplugin.inventory import Card, NodeView
 from healthd.api.v1 import partitions_pb2
 
 log = structlog.get_logger("container.deviceplugin.resources")

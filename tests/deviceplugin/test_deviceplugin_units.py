@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from container.core.faults import FaultTracker, takes_out_of_service
+from container.core.inventory import Card, NodeView, ProfileRoom
 from container.deviceplugin.config import ConfigError, PluginConfig, build_parser, load, parse_file
-from container.deviceplugin.faults import FaultTracker, takes_out_of_service
-from container.deviceplugin.inventory import Card, NodeView, ProfileRoom
 from container.deviceplugin.resources import Context, Slices, WholeCards
 from container.deviceplugin.server import Changes
 from healthd.api.v1 import health_pb2 as hpb

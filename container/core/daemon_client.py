@@ -1,5 +1,6 @@
-"""The plugin's only way to the daemon: xpu-healthd's public gRPC API on its unix sockets (reads on the monitoring
-socket, partition changes on the admin socket). Nothing here imports the daemon's code, only its generated stubs."""
+"""A container front end's only way to the daemon: xpu-healthd's public gRPC API on its unix sockets (reads on the
+monitoring socket, partition changes on the admin socket). Nothing here imports the daemon's code, only its
+generated stubs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from container.core.ownership import lease_for_device
 from healthd.api.v1 import (
     health_pb2,
     health_pb2_grpc,
@@ -79,13 +81,7 @@ class DaemonClient:
         lease_seconds: float,
     ) -> Any:
         """A partition under a lease that names the kubelet device; the daemon gives it to the pod kubelet lists."""
-        owner = partitions_pb2.Owner(
-            lease=partitions_pb2.LeaseOwner(
-                holder="xpu-device-plugin",
-                ttl_seconds=lease_seconds,
-                kubelet_device=partitions_pb2.KubeletDevice(resource_name=resource_name, device_id=device_id),
-            )
-        )
+        owner = lease_for_device("xpu-device-plugin", lease_seconds, resource_name, device_id)
         request = partitions_pb2.CreatePartitionRequest(
             owner=owner, gpu=gpu_uuid, compute_percent=compute_percent, memory=memory
         )
@@ -96,15 +92,3 @@ class DaemonClient:
             partitions_pb2.DeletePartitionRequest(id=partition_id), timeout=self.timeout
         )
         return bool(reply.deleted)
-
-
-def kubelet_device_of(partition: Any) -> tuple[str, str] | None:
-    """(resource name, device id) a partition serves, whether it is still under its lease or already its pod's."""
-    which = partition.owner.WhichOneof("kind")
-    if which == "lease" and partition.owner.lease.HasField("kubelet_device"):
-        device = partition.owner.lease.kubelet_device
-    elif which == "pod" and partition.owner.pod.HasField("kubelet_device"):
-        device = partition.owner.pod.kubelet_device
-    else:
-        return None
-    return device.resource_name, device.device_id

@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 import structlog
 
-from container.deviceplugin.daemon_client import DaemonClient
+from container.core.daemon_client import DaemonClient
 from healthd.api.v1 import health_pb2
 
-log = structlog.get_logger("container.deviceplugin.faults")
+log = structlog.get_logger("container.core.faults")
 
 HUNG_OR_LOST_CODES = frozenset({"driver_call_timeout", "gpu_lost"})
 ALL_CARDS = -1  # the key of a node-wide fault

@@ -1,6 +1,6 @@
-"""The node as the plugin sees it, read from the daemon: cards (index, UUID, NUMA node, nearest RDMA NICs), each
-card's partition mode and free room, and the partitions that serve kubelet devices. Immutable; replaced whole on
-every refresh."""
+"""The node as a container front end sees it, read from the daemon: cards (index, UUID, NUMA node, nearest RDMA
+NICs), each card's partition mode and free room, and the partitions that serve kubelet devices. Immutable; replaced
+whole on every refresh."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import grpc
 import structlog
 
-from container.deviceplugin.daemon_client import DaemonClient, kubelet_device_of
+from container.core.daemon_client import DaemonClient
+from container.core.ownership import kubelet_device_of
 
-log = structlog.get_logger("container.deviceplugin.inventory")
+log = structlog.get_logger("container.core.inventory")
 
 MIB = 2**20
 
