@@ -20,7 +20,7 @@ from healthd.api.v1 import simulation_pb2_grpc as spb_grpc
 from healthd.rpc.server import Service
 from healthd.sim.component import add_simulation
 from healthd.sim.service import SimulationService
-from tests.rpc.test_grpc_errors import LoopServer, failure
+from tests.healthd.rpc.test_grpc_errors import LoopServer, failure
 
 
 class RecordingInjector:

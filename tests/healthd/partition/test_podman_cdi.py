@@ -34,7 +34,13 @@ from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.store import Store
-from tests.partition.standins import LIBRARIES, VERSION, build_busybox_rootfs, build_driver_tree, write_driver_version
+from tests.healthd.partition.standins import (
+    LIBRARIES,
+    VERSION,
+    build_busybox_rootfs,
+    build_driver_tree,
+    write_driver_version,
+)
 
 TOOLS = ("podman", "runc", "unshare", "gcc")
 PROBE = """\

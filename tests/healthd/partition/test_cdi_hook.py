@@ -1,6 +1,6 @@
 """xpu-cdi-hook, run as the OCI runtime runs it: the installed script, the container state on stdin, a bundle with
 config.json; update-ldcache with the host's ldconfig building the container's cache from stand-in driver libraries,
-create-symlinks, and enable-cuda-compat against stand-in cuda-compat libraries (tests/partition/standins.py)."""
+create-symlinks, and enable-cuda-compat against stand-in cuda-compat libraries (tests/healthd/partition/standins.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from healthd.partition.cdi_hook import CONF_NAME, HookError, container_root
 from healthd.partition.driverlibs import builtin_hook_path
-from tests.partition.standins import LIBRARIES, build_busybox_rootfs, build_compat_library, build_driver_tree
+from tests.healthd.partition.standins import LIBRARIES, build_busybox_rootfs, build_compat_library, build_driver_tree
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the hook chroots into the container root: needs root")
 

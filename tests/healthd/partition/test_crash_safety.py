@@ -28,7 +28,7 @@ from tests.support.paths import REPO
 @pytest.mark.parametrize("sharing", list(SharingPolicy))
 def test_sigkill_loses_nothing_committed_and_restart_matches(tmp_path: Path, sharing: SharingPolicy) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.partition.crash_worker", str(tmp_path), sharing.value],
+        [sys.executable, "-m", "tests.healthd.partition.crash_worker", str(tmp_path), sharing.value],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

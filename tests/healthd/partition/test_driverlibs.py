@@ -21,7 +21,7 @@ from healthd.partition.driverlibs import (
     read_ldcache,
 )
 from healthd.partition.edits import Mount
-from tests.partition.standins import VERSION, build_driver_tree, write_driver_version
+from tests.healthd.partition.standins import VERSION, build_driver_tree, write_driver_version
 
 MACHINE = platform.machine()
 
