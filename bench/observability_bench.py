@@ -28,7 +28,7 @@ from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
+from healthd.daemon.status_page import render_status_page
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

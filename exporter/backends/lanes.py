@@ -32,7 +32,6 @@ import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
-from exporter.snapshot import CallCounters
 
 T = TypeVar("T")
 log = structlog.get_logger("device")
@@ -107,6 +106,15 @@ def _fail(job: _Job, error: BaseException) -> None:
     """A job that never ran: its caller and anyone waiting for the driver's answer get the same error."""
     job.future.set_exception(error)
     job.outcome.set_exception(error)
+
+
+@dataclass(frozen=True, slots=True)
+class CallCounters:
+    """Running totals of backend calls by call name (backend method) since the daemon started."""
+
+    calls: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (call, code)
+    timeouts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class _Counters:
@@ -425,6 +433,7 @@ def _consume(future: asyncio.Future[Any]) -> None:
 __all__ = [
     "EVENTS",
     "NODE",
+    "CallCounters",
     "CallTimeoutError",
     "CardHungError",
     "DeadlineSettings",

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from healthd.commands import args as argtypes
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 
 RECONNECT_MAX_SECONDS = 10.0
 

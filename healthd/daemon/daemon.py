@@ -17,26 +17,26 @@ from exporter.backends.select import choose_backend
 from exporter.health import stale_after
 from exporter.http import Health
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from exporter.webconfig import WebConfig
-from healthd.attribution.wiring import AttributionComponent
+from healthd.attribution.component import AttributionComponent
 from healthd.component import Component
-from healthd.config import Config
+from healthd.daemon.config import Config
 from healthd.daemon.device import DeviceComponent
+from healthd.daemon.health import JOURNAL_FILE, FindingSources, HealthComponent
 from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
 from healthd.daemon.metrics import CardMetrics, MetricsEndpoint, last_xid_per_gpu
 from healthd.daemon.rpc import RpcEndpoints
 from healthd.daemon.status import NodeHealth
-from healthd.daemon.status_rows import status_providers
-from healthd.faults.component import HealthComponent
+from healthd.daemon.status_page import render_status_page
+from healthd.faults.journal import Journal
 from healthd.faults.out_of_service import gpus_out_of_service
-from healthd.host import choose_host
+from healthd.host.view import choose_host
+from healthd.partition.component import PartitionsComponent
 from healthd.partition.planner import topology_aware
-from healthd.partition.wiring import PartitionsComponent
 from healthd.rpc.transport import is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
 from healthd.sim.component import SimulationComponent
-from healthd.topology.wiring import TopologyComponent
+from healthd.topology.component import TopologyComponent
 
 log = structlog.get_logger("main")
 
@@ -53,7 +53,10 @@ class Daemon:
         sampler = self.sampler = self.device.sampler
         self.attribution = AttributionComponent(config.attribution, self.host, sampler)
         self.health = HealthComponent(
-            config.faults, config.hook, config.health, self.device.device, sampler, self.host, config.state_dir
+            Journal(config.state_dir / JOURNAL_FILE),
+            config.faults,
+            config.hook,
+            FindingSources(config.health, self.device.device, sampler, self.host),
         )
         self.topology = TopologyComponent(
             config.topology, self.device.device, sampler, self.host.sysfs_root, self.gpus_out_of_service
@@ -86,9 +89,6 @@ class Daemon:
             access,
             stale_after(s.interval_seconds, access.deadlines.read_seconds, access.deadlines.open_seconds),
             backlogs=self._backlogs,
-        )
-        self.status_providers = status_providers(
-            self.health.engine, self.partitions.manager if self.partitions else None
         )
         self.metrics = MetricsEndpoint(
             config.metrics_listen,
@@ -140,8 +140,8 @@ class Daemon:
     # ----- cross-component views --------------------------------------------------------------------------------
 
     def _backlogs(self) -> dict[str, int]:
-        runtime = self.health.runtime
-        return {"hook outbox": sum(runtime.dispatcher.depth.values()), "journal": runtime.io.backlog()}
+        health = self.health
+        return {"hook outbox": sum(health.dispatcher.depth.values()), "journal": health.io.backlog()}
 
     def _healthz(self) -> Health:
         status = self.node.status()
@@ -154,9 +154,12 @@ class Daemon:
         return gpus_out_of_service(self.health.engine.active_faults()) | hung
 
     def status_page(self) -> str:
+        manager = self.partitions.manager if self.partitions is not None else None
         return render_status_page(
             self.sampler.latest(),
-            providers=self.status_providers,
+            checks=self.health.engine.check_states,
+            faults=self.health.engine.active_faults,
+            partitions=(lambda: manager.view().partitions) if manager is not None else tuple,
             hostname=socket.gethostname(),
             version=VERSION,
             node=self.node.status(),

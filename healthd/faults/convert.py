@@ -7,7 +7,7 @@ from typing import Any
 
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault, FaultRecord, FaultState
-from healthd.faults.model import Action, GpuRef, Severity
+from healthd.findings import Action, GpuRef, Severity
 
 # proto enums keep 0 for "unspecified", so the domain values map by name (ACTION_NONE = 1, ...)
 SEVERITY_TO_PB = {s: f"SEVERITY_{s.name}" for s in Severity}
@@ -28,7 +28,7 @@ def fault_pb(f: Fault) -> Any:
         last_seq=f.last_seq,
         check=f.check,
         code=f.code,
-        kind=f.kind,
+        kind=f.kind.value,
         severity=SEVERITY_TO_PB[f.severity],
         action=ACTION_TO_PB[f.action],
         message=f.message,

@@ -11,8 +11,8 @@ import structlog
 
 from healthd.faults.fault import identity_of
 from healthd.faults.journal import Journal
-from healthd.faults.model import Action, Finding, Severity
 from healthd.faults.settings import FaultsSettings
+from healthd.findings import Action, Finding, Severity
 
 log = structlog.get_logger("faults")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from healthd.faults.model import Action, Finding, GpuRef, Severity
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity
 
 
 class FaultState(enum.StrEnum):
@@ -50,7 +50,7 @@ class Fault:
     opened_seq: int
     check: str
     code: str
-    kind: str  # "condition" or "event", from the finding that opened it
+    kind: FindingKind  # from the finding that opened it
     gpu: GpuRef | None
     severity: Severity
     action: Action
@@ -81,7 +81,7 @@ class Fault:
             "opened_seq": self.opened_seq,
             "check": self.check,
             "code": self.code,
-            "kind": self.kind,
+            "kind": self.kind.value,
             "gpu": None
             if self.gpu is None
             else {"index": self.gpu.index, "uuid": self.gpu.uuid, "pci_bus_id": self.gpu.pci_bus_id},
@@ -109,7 +109,7 @@ class Fault:
             opened_seq=int(data["opened_seq"]),
             check=data["check"],
             code=data["code"],
-            kind=data["kind"],
+            kind=FindingKind(data["kind"]),
             gpu=None if gpu is None else GpuRef(int(gpu["index"]), gpu["uuid"], gpu["pci_bus_id"]),
             severity=Severity[data["severity"].upper()],
             action=Action[data["action"].upper()],

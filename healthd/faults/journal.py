@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from healthd.daemon.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 from healthd.faults.fault import Fault, FaultFilter, FaultRecord, OutboxItem, RecordKind
+from healthd.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 
 JOURNAL_WHAT = "fault journal"
 

@@ -22,8 +22,8 @@ import structlog
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
-from healthd.faults.settings import HookSettings
-from healthd.rpc.transport import hook_channel, is_tcp, load_hook_tls
+from healthd.faults.settings import HookSettings, load_hook_tls
+from healthd.rpc.transport import hook_channel, is_tcp
 from healthd.settings import ConfigError
 
 T = TypeVar("T")

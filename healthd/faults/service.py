@@ -14,8 +14,8 @@ from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults.convert import check_pb, fault_pb, record_pb
 from healthd.faults.engine import FaultEngine
 from healthd.faults.fault import FaultFilter, FaultState
-from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
+from healthd.findings import Action, Severity
 from healthd.rpc.errors import failure, from_invalid_field, not_found
 from healthd.rpc.validation import InvalidField, check_ascii_token, check_text, parse_gpu_ref, quote
 

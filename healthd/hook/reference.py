@@ -32,11 +32,11 @@ import structlog
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.daemon.state_files import CorruptStateError, open_state_db, salvage_rows
 from healthd.rpc.errors import from_invalid_field, unavailable
 from healthd.rpc.guard import RequestGuard
 from healthd.rpc.transport import GrpcTls, is_tcp, server_credentials
 from healthd.rpc.validation import InvalidField, check_text, quote
+from healthd.state_files import CorruptStateError, open_state_db, salvage_rows
 
 log = structlog.get_logger("hookserver")
 

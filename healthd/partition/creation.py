@@ -27,6 +27,7 @@ from healthd.partition.mps import MpsError
 from healthd.partition.owners import process_start_ticks
 from healthd.partition.planner import Quota
 from healthd.partition.quantity import MIB
+from healthd.partition.requests import check_owner
 
 __all__ = ["CreateRequest", "PartitionCreation"]
 
@@ -61,7 +62,7 @@ class PartitionCreation(PartitionLedger):
     # ----- create ------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest) -> PartitionRecord:
-        request.owner.validate()
+        check_owner(request.owner)
         if request.compute_percent < 0 or request.compute_percent > 100:
             raise invalid(f"compute_percent: must be 1-100 or 0 for no limit, got {request.compute_percent}")
         if request.request_id and (len(request.request_id) > 128 or not request.request_id.isprintable()):

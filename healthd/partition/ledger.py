@@ -25,11 +25,11 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from exporter.executor import SerialExecutor
 from exporter.snapshot import Snapshot
+from healthd.host.devices import HostDevices
 from healthd.partition import planner
 from healthd.partition.capacity import CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
 from healthd.partition.device_calls import driver
-from healthd.partition.devnodes import HostDevices
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, invalid, not_found, unavailable
 from healthd.partition.model import CardMode, PartitionRecord, State

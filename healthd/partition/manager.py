@@ -24,6 +24,7 @@ from healthd.partition.errors import Kind, PartitionError, invalid, precondition
 from healthd.partition.ledger import ManagerSettings, new_partition_id
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsError
+from healthd.partition.requests import check_owner
 from healthd.partition.sharing import SharingPolicy
 
 __all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View", "new_partition_id"]
@@ -274,7 +275,7 @@ class PartitionManager(PartitionCreation):
 
     async def rebind(self, partition_id: str, owner: Owner) -> PartitionRecord:
         """Give a ready partition a new owner (a kubelet device's lease becomes its pod); the lease ends with it."""
-        owner.validate()
+        check_owner(owner)
         gpu = self.get(partition_id).gpu
         async with self._card_locks[gpu]:
             record = self.get(partition_id)

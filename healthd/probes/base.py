@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from exporter.snapshot import Snapshot
-from healthd.faults.model import ProbeReport
+from healthd.findings import ProbeReport
 
 
 class Probe(Protocol):

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from exporter.snapshot import GpuSnapshot
-from healthd.faults.model import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.findings import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 
 
 def gpu_ref(gpu: GpuSnapshot) -> GpuRef:

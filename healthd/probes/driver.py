@@ -16,7 +16,7 @@ from pathlib import Path
 from exporter.backends.recovery import RecoveryAction, decode_recovery_action, driver_branch
 from exporter.backends.types import Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 from healthd.settings import option

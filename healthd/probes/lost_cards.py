@@ -18,7 +18,7 @@ import structlog
 
 from exporter.atomic_file import write_text_atomic
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, ProbeReport, Severity
+from healthd.findings import Action, CheckStatus, Finding, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
 from healthd.settings import option

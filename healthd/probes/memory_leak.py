@@ -17,7 +17,7 @@ from pathlib import Path
 
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 from healthd.settings import option

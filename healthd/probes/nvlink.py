@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from exporter.backends.types import LinkState, NvLinkSample, Unsupported
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 from healthd.settings import option

@@ -28,7 +28,7 @@ from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Finding, GpuRef
+from healthd.findings import Finding, FindingKind, GpuRef
 from healthd.settings import ConfigError, option
 from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
@@ -201,7 +201,7 @@ class XidMerger:
             message=message,
             gpu=s.gpu,
             evidence=MappingProxyType(ev),
-            kind="event",
+            kind=FindingKind.EVENT,
         )
 
 

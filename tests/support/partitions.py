@@ -8,9 +8,9 @@ from typing import Any
 from exporter.backends.guarded import GuardedBackend
 from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
-from healthd.host import HostSettings, choose_host
+from healthd.host.view import HostSettings, choose_host
+from healthd.partition.component import PartitionsComponent
 from healthd.partition.settings import PartitionSettings
-from healthd.partition.wiring import PartitionsComponent
 
 
 def partitions_on(

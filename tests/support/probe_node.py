@@ -10,7 +10,7 @@ from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Finding, ProbeReport
+from healthd.findings import Finding, ProbeReport
 from tests.support.clock import FakeClock
 
 INTERVAL = 5.0

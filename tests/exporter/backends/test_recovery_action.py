@@ -24,9 +24,8 @@ from exporter.backends.recovery import (
 )
 from exporter.collectors.card import CardCollector
 from exporter.snapshot import Snapshot
-from exporter.status_page import Problem, card_problems
-from healthd.daemon.status_rows import status_providers
-from healthd.faults.model import Action, ProbeReport, Severity
+from healthd.daemon.status_page import Problem, card_problems
+from healthd.findings import Action, ProbeReport, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import make_engine
@@ -140,8 +139,7 @@ def _shown(tmp_path: Path, clock: FakeClock, snapshot: Snapshot, report: ProbeRe
     one driver-probe report."""
     engine = make_engine(tmp_path, clock)
     engine.accept_report(report)
-    providers = status_providers(engine, None)
-    shown = {g.index: card_problems(g, providers.checks(), providers.faults()) for g in snapshot.gpus}
+    shown = {g.index: card_problems(g, engine.check_states(), engine.active_faults()) for g in snapshot.gpus}
     return {index: problems for index, problems in shown.items() if problems}
 
 

@@ -19,7 +19,7 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.sampler import Sampler, SamplerConfig
 from exporter.snapshot import Snapshot
-from healthd.config import ConfigError, parse_config
+from healthd.daemon.config import ConfigError, parse_config
 from healthd.daemon.metrics import CardMetrics
 from tests.support.clock import FakeClock
 
