@@ -18,10 +18,10 @@ from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.host.view import HostView
 from healthd.rpc.server import Service
-from healthd.settings import option
 
 log = structlog.get_logger("attribution")
 

@@ -18,8 +18,8 @@ from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler, SamplerConfig
+from exporter.settings import option
 from healthd.rpc.server import Service
-from healthd.settings import option
 
 log = structlog.get_logger("device")
 

@@ -19,11 +19,11 @@ from exporter.collectors.dcgm_fields import VERSIONS as DCGM_VERSIONS
 from exporter.executor import in_daemon_thread
 from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from exporter.webconfig import WebConfig
 from healthd.faults.engine import FaultEngine
 from healthd.rpc.server import Service
-from healthd.settings import option
 
 log = structlog.get_logger("metrics")
 

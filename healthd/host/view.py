@@ -20,12 +20,12 @@ import structlog
 
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from exporter.topology.layout import simulated_sysfs
 from healthd.host.devices import HostDevices
 from healthd.host.simulated_devices import simulated_host_devices
 from healthd.probes.base import ProbeHost
-from healthd.settings import option
 from healthd.sim.node import SimulatedNode
 
 log = structlog.get_logger("host")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from healthd.settings import option
+from exporter.settings import option
 
 
 @dataclass(frozen=True, slots=True)

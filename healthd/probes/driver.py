@@ -15,11 +15,11 @@ from pathlib import Path
 
 from exporter.backends.recovery import RecoveryAction, decode_recovery_action, driver_branch
 from exporter.backends.types import Unsupported
+from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
 
 CHECK = "driver"
 _MODULE_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")

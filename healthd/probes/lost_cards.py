@@ -17,11 +17,11 @@ from pathlib import Path
 import structlog
 
 from exporter.atomic_file import write_text_atomic
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, CheckStatus, Finding, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
-from healthd.settings import option
 from healthd.xid.kmsg import normalize_pci
 
 log = structlog.get_logger("lost_cards")

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.backends.types import GpuProcess, Unsupported
+from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
 
 CHECK = "memory_leak"
 GIB = 2**30

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.backends.types import LinkState, NvLinkSample, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
 
 CHECK = "nvlink"
 

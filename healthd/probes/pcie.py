@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.backends.types import ClockEventReason, DeviceSample, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.probes.base import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
 
 CHECK = "pcie"
 

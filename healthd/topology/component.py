@@ -12,12 +12,12 @@ from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
+from exporter.settings import InvalidKeyError, option
 from exporter.topology.allocation import AllocationError, preferred_allocation
 from exporter.topology.collector import TopologyCollector
 from exporter.topology.nfd import FeatureFilePublisher, valid_label_value, valid_level_name, valid_namespace
 from exporter.topology.refresher import RefresherConfig, TopologyRefresher
 from healthd.rpc.server import Service
-from healthd.settings import InvalidKeyError, option
 from healthd.topology.service import TopologyService
 
 SERVICE_NAME = "xpu.runtime.v1.Topology"

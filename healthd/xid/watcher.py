@@ -27,9 +27,9 @@ import structlog
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
+from exporter.settings import ConfigError, option
 from exporter.snapshot import Snapshot
 from healthd.findings import Finding, FindingKind, GpuRef
-from healthd.settings import ConfigError, option
 from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
 
