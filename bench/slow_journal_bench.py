@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from bench.common import percentile  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
-from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
+from exporter.sampler import Sampler, SamplerSettings  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
 from healthd.daemon.health import HealthComponent  # noqa: E402
@@ -70,7 +70,7 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
 
         asyncio.run_coroutine_threadsafe(start(), loop).result(30)
         backend = SimulatedBackend.from_name("h200x8")
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=root)), runtime.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         stop = threading.Event()

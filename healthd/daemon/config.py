@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter.http import parse_listen_address
+from exporter.sampler import SamplerSettings
 from exporter.settings import ConfigError, check_keys, option, parse_section
 from healthd.attribution.component import AttributionSettings
-from healthd.daemon.device import SamplerSettings
 from healthd.daemon.metrics import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
 from healthd.host.view import HostSettings

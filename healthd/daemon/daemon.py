@@ -87,7 +87,7 @@ class Daemon:
         self.node = NodeHealth(
             sampler.latest,
             access,
-            stale_after(s.interval_seconds, access.deadlines.read_seconds, access.deadlines.open_seconds),
+            stale_after(s.interval_seconds, s.call_deadline_seconds, s.open_deadline_seconds),
             backlogs=self._backlogs,
         )
         self.metrics = MetricsEndpoint(

@@ -7,18 +7,16 @@ never waits on the driver: calls still stuck in it are named in the log and left
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
-from exporter.sampler import Sampler, SamplerConfig
-from exporter.settings import option
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.rpc.server import Service
 
 log = structlog.get_logger("device")
@@ -26,24 +24,12 @@ log = structlog.get_logger("device")
 FIRST_SAMPLE_SECONDS = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class SamplerSettings:
-    """[sampler]: how often the cards are read, and how long a driver call may take."""
-
-    interval_seconds: float = option(5.0, min=0.1, max=3600)
-    call_deadline_seconds: float = option(2.0, min=0.05, max=600)  # every driver read, by anyone
-    change_deadline_seconds: float = option(20.0, min=0.05, max=600)  # MIG instance create/destroy
-
-
 class DeviceComponent:
     name = "device"
 
     def __init__(self, settings: SamplerSettings, backend: Backend) -> None:
-        deadlines = DeadlineSettings(
-            read_seconds=settings.call_deadline_seconds, change_seconds=settings.change_deadline_seconds
-        )
-        self.device = GuardedBackend(DeviceAccess(backend, deadlines))  # the only way to the driver
-        self.sampler = Sampler(self.device, SamplerConfig(settings.interval_seconds))
+        self.device = GuardedBackend(DeviceAccess(backend, settings))  # the only way to the driver
+        self.sampler = Sampler(self.device, settings)
 
     def collectors(self) -> Sequence[Collector]:
         return ()

@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 import structlog
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from exporter.executor import SerialExecutor
+from exporter.sampler import SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.host.devices import HostDevices
 from healthd.partition import planner
@@ -80,7 +81,7 @@ class PartitionLedger:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
         else:
-            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, DeadlineSettings())), True
+            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, SamplerSettings())), True
         self.store = store
         self.mps = mps
         self.cdi = cdi

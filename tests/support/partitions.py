@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
+from exporter.sampler import SamplerSettings
 from healthd.host.view import HostSettings, choose_host
 from healthd.partition.component import PartitionsComponent
 from healthd.partition.settings import PartitionSettings
@@ -24,7 +25,7 @@ def partitions_on(
 ) -> PartitionsComponent:
     """``backend`` behind its device lanes; the host view chosen for it (simulated files under ``state_dir``)."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
+    device = GuardedBackend(DeviceAccess(backend, SamplerSettings()))
     view = choose_host(host or HostSettings(), backend, state_dir)
     return PartitionsComponent(
         settings or PartitionSettings(),

@@ -25,7 +25,7 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.collectors.dcgm_fields import VERSIONS
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.daemon.metrics import last_xid_per_gpu
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
@@ -57,7 +57,7 @@ def node(tmp_path: Path) -> Iterator[tuple[Render, FaultEngine]]:
     """The node after the XID, and a function that renders /metrics with the given collectors."""
     clock = FakeClock(START)
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock)
-    config = SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0)
+    config = SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=2.0)
     sampler = Sampler(backend, config, clock=clock, monotonic=_no_elapsed)
     journal = Journal(tmp_path / "faults.sqlite")
     engine = FaultEngine(journal, FaultsSettings(), boot_id="golden-boot", clock=clock)

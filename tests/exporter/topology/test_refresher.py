@@ -14,12 +14,12 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import Unsupported
 from exporter.collectors import SnapshotExporter
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.topology.collector import TopologyCollector
 from exporter.topology.layout import LayoutError, simulated_sysfs
 from exporter.topology.model import Link, LinkKind
@@ -31,7 +31,7 @@ from tests.support.waiting import eventually
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[SimulatedBackend, Sampler, Path]]:
     backend = SimulatedBackend.from_name("h200x8")
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=2.0))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "sys")
     assert root is not None
@@ -41,7 +41,7 @@ def node(tmp_path: Path) -> Iterator[tuple[SimulatedBackend, Sampler, Path]]:
 
 
 def _guarded(backend: Backend, read_seconds: float = 1.0) -> GuardedBackend:
-    return GuardedBackend(DeviceAccess(backend, DeadlineSettings(read_seconds=read_seconds)))
+    return GuardedBackend(DeviceAccess(backend, SamplerSettings(call_deadline_seconds=read_seconds)))
 
 
 def _refresher(backend: SimulatedBackend, sampler: Sampler, root: Path, **kw: float) -> TopologyRefresher:
@@ -112,7 +112,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
     from exporter.backends.scenario import load_scenario
 
     backend = _StuckBackend(load_scenario("h200x8"))
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=2.0))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
     assert root is not None
@@ -140,7 +140,7 @@ def test_no_inventory_yet_is_reported_not_raised(node: tuple[SimulatedBackend, S
 def test_a_card_stuck_since_start_is_left_out_with_a_warning(tmp_path: Path) -> None:
     backend = SimulatedBackend.from_name("h200x8")
     backend.inject("hang", 5, {"call": "device_info"})
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=0.5, call_deadline_seconds=0.2))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=0.5, call_deadline_seconds=0.2))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
     assert root is not None

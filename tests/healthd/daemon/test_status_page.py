@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.daemon.status_page import render_status_page
 from healthd.faults.engine import CheckState
@@ -32,7 +32,7 @@ from tests.support.faults_helpers import make_engine
 from tests.support.paths import REPO
 
 ROOT = REPO
-CONFIG = SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2)
+CONFIG = SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2)
 IDLE_GPU = 6  # the simulated h200x8 node runs no process on GPU 6
 
 

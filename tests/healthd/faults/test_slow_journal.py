@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults.fault import Fault, FaultRecord
@@ -45,7 +45,7 @@ def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Pat
     journal = GatedJournal(tmp_path / "faults.sqlite")
     backend = SimulatedBackend.from_name("h200x8")
     with DaemonThread(tmp_path, tmp_path / "h.sock", journal=journal) as daemon:
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), daemon.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         try:

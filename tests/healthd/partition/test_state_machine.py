@@ -15,8 +15,9 @@ import grpc
 import pytest
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
+from exporter.sampler import SamplerSettings
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition.cdi import CdiWriter
@@ -32,7 +33,7 @@ from healthd.partition.store import Store
 from healthd.rpc.server import GrpcServer, Service
 from tests.support.clock import FakeClock
 
-FAST = DeadlineSettings(read_seconds=0.3, change_seconds=0.5, open_seconds=1.0)
+FAST = SamplerSettings(call_deadline_seconds=0.3, change_deadline_seconds=0.5, open_deadline_seconds=1.0)
 LEASE = Owner(OwnerKind.LEASE, holder="test")
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.findings import Action, Severity
 from healthd.probes.driver import DriverProbe, DriverSettings, read_module_version, scan_dstate
 from tests.support.clock import FakeClock
@@ -78,7 +78,7 @@ def test_kernel_module_differs_from_library(h200x8: Node, tmp_path: Path) -> Non
 
 def test_nvml_init_version_mismatch(clock: FakeClock) -> None:
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock, version_mismatch=True)
-    sampler = Sampler(backend, SamplerConfig(5.0, 1.0), clock=clock)
+    sampler = Sampler(backend, SamplerSettings(5.0, 1.0), clock=clock)
     try:
         snap = sampler.run_once()
         assert not snap.backend_up

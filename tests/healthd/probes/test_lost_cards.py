@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exporter.backends.scenario import parse_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Severity
 from healthd.probes.lost_cards import INVENTORY_FILE, LostCardProbe, LostCardSettings, scan_pci_gpus
@@ -24,7 +24,7 @@ def _snapshot_without(clock: FakeClock, missing: int) -> Snapshot:
     data["gpus"] = [g for i, g in enumerate(data["gpus"]) if i != missing]
     data["processes"] = [p for p in data.get("processes", []) if p["gpu"] < len(data["gpus"])]
     data["mig_instances"] = [m for m in data.get("mig_instances", []) if m["gpu"] < len(data["gpus"])]
-    sampler = Sampler(SimulatedBackend(parse_scenario(data), clock=clock), SamplerConfig(5.0, 2.0), clock=clock)
+    sampler = Sampler(SimulatedBackend(parse_scenario(data), clock=clock), SamplerSettings(5.0, 2.0), clock=clock)
     try:
         return sampler.run_once()
     finally:

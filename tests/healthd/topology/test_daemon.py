@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 
+from exporter.sampler import SamplerSettings
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
 from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
-from healthd.daemon.device import SamplerSettings
 from healthd.topology.component import TopologySettings
 
 
@@ -67,7 +67,7 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 
 def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
     from exporter.backends.guarded import GuardedBackend
-    from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+    from exporter.backends.lanes import DeviceAccess
     from exporter.backends.simulated import SimulatedBackend
     from exporter.sampler import Sampler
     from healthd.host.view import HostSettings, choose_host
@@ -75,7 +75,7 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
 
     backend = SimulatedBackend.from_name("h200x1")
     host = choose_host(HostSettings(), backend, tmp_path / "state")  # the host view, as the daemon chooses it
-    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
+    device = GuardedBackend(DeviceAccess(backend, SamplerSettings()))
     sampler = Sampler(device)
     sampler.run_once()
     part = TopologyComponent(TopologySettings(), device, sampler, host.sysfs_root)
