@@ -12,6 +12,7 @@ from typing import Any
 from exporter.http import parse_listen_address
 from exporter.sampler import SamplerSettings
 from exporter.settings import ConfigError, check_keys, option, parse_section
+from exporter.topology.settings import TopologySettings
 from healthd.attribution.component import AttributionSettings
 from healthd.daemon.metrics import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
@@ -20,7 +21,6 @@ from healthd.partition.settings import PartitionSettings
 from healthd.probes import HealthSettings, parse_health
 from healthd.rpc.addresses import check_grpc_addresses, default_grpc_listen, default_runtime_dir
 from healthd.rpc.transport import TransportSettings, is_tcp, load_grpc_tls, load_metrics_web_config
-from healthd.topology.component import TopologySettings
 
 __all__ = ["DEFAULT_CONFIG_PATH", "Config", "ConfigError", "load_config", "parse_config", "with_overrides"]
 

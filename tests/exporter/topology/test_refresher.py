@@ -24,7 +24,8 @@ from exporter.topology.collector import TopologyCollector
 from exporter.topology.layout import LayoutError, simulated_sysfs
 from exporter.topology.model import Link, LinkKind
 from exporter.topology.nfd import FeatureFilePublisher
-from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from exporter.topology.refresher import TopologyRefresher
+from exporter.topology.settings import TopologySettings
 from tests.support.waiting import eventually
 
 
@@ -45,8 +46,9 @@ def _guarded(backend: Backend, read_seconds: float = 1.0) -> GuardedBackend:
 
 
 def _refresher(backend: SimulatedBackend, sampler: Sampler, root: Path, **kw: float) -> TopologyRefresher:
-    cfg = RefresherConfig(sysfs_root=str(root), deadline_seconds=kw.get("deadline", 5.0))
-    return TopologyRefresher(_guarded(backend, kw.get("call", 1.0)), sampler.latest, cfg, clock=lambda: 1000.0)
+    settings = TopologySettings(deadline_seconds=kw.get("deadline", 5.0))
+    device = _guarded(backend, kw.get("call", 1.0))
+    return TopologyRefresher(device, sampler.latest, settings, sysfs_root=root, clock=lambda: 1000.0)
 
 
 def test_simulated_h200x8_is_an_hgx_board(node: tuple[SimulatedBackend, Sampler, Path]) -> None:
@@ -123,7 +125,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
     assert status.last_error is not None
     assert "timeout" in status.last_error
     backend.release.set()
-    refresher.config = RefresherConfig(sysfs_root=str(root), deadline_seconds=10.0)
+    refresher.settings = TopologySettings(deadline_seconds=10.0)
     assert refresher.refresh() is not None
     assert refresher.status().last_error is None
     refresher.stop()
@@ -132,7 +134,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
 
 def test_no_inventory_yet_is_reported_not_raised(node: tuple[SimulatedBackend, Sampler, Path]) -> None:
     backend, _, root = node
-    refresher = TopologyRefresher(_guarded(backend), lambda: None, RefresherConfig(sysfs_root=str(root)))
+    refresher = TopologyRefresher(_guarded(backend), lambda: None, sysfs_root=root)
     assert refresher.refresh() is None
     assert refresher.status().last_error == "GPU inventory not known yet (no card has answered its inventory call)"
 
@@ -166,8 +168,7 @@ def test_metrics_pass_promtool_and_feature_file_written(
     features = tmp_path / "features.d"
     features.mkdir()
     publisher = FeatureFilePublisher(features / "xpu-runtime-kit", {"block": "b07", "rack": "r12"})
-    cfg = RefresherConfig(sysfs_root=str(root))
-    refresher = TopologyRefresher(_guarded(backend), sampler.latest, cfg, on_update=publisher)
+    refresher = TopologyRefresher(_guarded(backend), sampler.latest, sysfs_root=root, on_update=publisher)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotExporter(sampler.latest, [TopologyCollector(refresher.latest, refresher.status)]))
     before = generate_latest(registry).decode()

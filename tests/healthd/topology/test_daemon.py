@@ -10,11 +10,11 @@ from pathlib import Path
 import grpc
 
 from exporter.sampler import SamplerSettings
+from exporter.topology.settings import TopologySettings
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
 from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
-from healthd.topology.component import TopologySettings
 
 
 def test_daemon_serves_topology(tmp_path: Path) -> None:
