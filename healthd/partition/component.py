@@ -21,7 +21,7 @@ from healthd.partition.cdi import CdiWriter
 from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.driverlibs import discover_driver_edits
 from healthd.partition.errors import PartitionError
-from healthd.partition.manager import ManagerSettings, PartitionManager
+from healthd.partition.manager import PartitionManager
 from healthd.partition.metrics import PartitionCollector
 from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
 from healthd.partition.owners import DeviceHolders, OwnerProbe, PodExists
@@ -83,10 +83,7 @@ class PartitionsComponent:
             self.mps,
             cdi,
             OwnerProbe(cgroup_root=host.cgroup_root, pod_exists=pod_exists, device_holders=device_holders, clock=clock),
-            settings=ManagerSettings(
-                lease_default_seconds=settings.lease_default_seconds,
-                owner_grace_seconds=settings.owner_grace_seconds,
-            ),
+            settings=settings,
             clock=clock,
             order_any=order_any,
             snapshot=snapshot,

@@ -13,7 +13,6 @@ import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,23 +35,15 @@ from healthd.partition.errors import Kind, PartitionError, invalid, not_found, u
 from healthd.partition.model import CardMode, PartitionRecord, State
 from healthd.partition.mps import MpsSupervisor
 from healthd.partition.owners import OwnerProbe
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import CardSharing, SharingPolicy
 from healthd.partition.store import Store
 from healthd.rpc.validation import InvalidField, parse_gpu_ref, quote
 
-__all__ = ["ManagerSettings", "PartitionLedger", "new_partition_id"]
+__all__ = ["PartitionLedger", "new_partition_id"]
 
 log = structlog.get_logger("partition")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerSettings:
-    lease_default_seconds: float = 300.0
-    lease_max_seconds: float = 86400.0
-    owner_grace_seconds: float = 60.0  # a partition is not reclaimed before its container had time to start
-    destroy_retry_seconds: float = 5.0  # how long a delete retries a MIG instance still in use
-    creating_timeout_seconds: float = 60.0  # a row still 'creating' this long with no create running is recovered
 
 
 def new_partition_id() -> str:
@@ -68,7 +59,7 @@ class PartitionLedger:
         cdi: CdiWriter,
         owners: OwnerProbe,
         *,
-        settings: ManagerSettings = ManagerSettings(),
+        settings: PartitionSettings | None = None,
         clock: Callable[[], float],
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
@@ -77,6 +68,8 @@ class PartitionLedger:
         devices: HostDevices | None = None,
         default_sharing: SharingPolicy = SharingPolicy.ISOLATED,
         out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
+        destroy_retry_seconds: float = 5.0,  # how long a delete retries a MIG instance still in use
+        creating_timeout_seconds: float = 60.0,  # a row still 'creating' this long with no create running is recovered
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -86,7 +79,9 @@ class PartitionLedger:
         self.mps = mps
         self.cdi = cdi
         self.owners = owners
-        self.settings = settings
+        self.settings = settings or PartitionSettings()
+        self.destroy_retry_seconds = destroy_retry_seconds
+        self.creating_timeout_seconds = creating_timeout_seconds
         self._order_any = order_any
         self._out_of_service = out_of_service
         self.clock = clock
