@@ -19,20 +19,17 @@ from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 CHECK = "nvlink"
 
 
+SECTION = "nvlink"
+
+
 @dataclass(frozen=True, slots=True)
-class NvLinkThresholds:
-    """[health.nvlink]: the probe's thresholds are its settings."""
+class Settings:
+    """[health.nvlink]"""
 
     # DCGM MonitorNVLink: "CRC errors only matter at rates of 100+ per second" -> FAIL.
     crc_per_second_fail: float = option(100.0, above=0)
     # Increments are single moments; they stay reported for this long after the last one, then clear.
     error_hold_seconds: float = option(600.0, above=0)
-
-    def __post_init__(self) -> None:
-        if self.crc_per_second_fail <= 0:
-            raise ValueError("crc_per_second_fail must be > 0")
-        if self.error_hold_seconds <= 0:
-            raise ValueError("error_hold_seconds must be > 0")
 
 
 @dataclass(slots=True)
@@ -51,8 +48,8 @@ class _LinkState:
 class NvLinkProbe:
     name = CHECK
 
-    def __init__(self, thresholds: NvLinkThresholds | None = None) -> None:
-        self.thresholds = thresholds or NvLinkThresholds()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
         self._links: dict[tuple[str, int], _LinkState] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
@@ -95,7 +92,7 @@ class NvLinkProbe:
         return report.build()
 
     def _link(self, ref: GpuRef, link: NvLinkSample, st: _LinkState, now: float) -> list[Finding]:
-        t = self.thresholds
+        t = self.settings
         out: list[Finding] = []
         if link.state is LinkState.UP:
             st.seen_up = True
@@ -168,12 +165,6 @@ class NvLinkProbe:
                 )
             )
         return out
-
-
-SECTION = "nvlink"
-
-
-Settings = NvLinkThresholds
 
 
 def build(settings: Settings, host: ProbeHost) -> NvLinkProbe:
