@@ -102,7 +102,6 @@ def measure(
         sim.start()
         try:
             snap = sampler.run_once()
-            sim.sync()
             t0 = time.perf_counter()
             kubelet.refresh()
             kubelet_s = time.perf_counter() - t0

@@ -14,7 +14,7 @@ from exporter.sampler import SamplerSettings
 from exporter.settings import ConfigError, check_keys, option, parse_section
 from exporter.topology.settings import TopologySettings
 from healthd.attribution.component import AttributionSettings
-from healthd.daemon.metrics import ExporterSettings
+from healthd.daemon.cards import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
 from healthd.host.view import HostSettings
 from healthd.partition.settings import PartitionSettings

@@ -1,41 +1,32 @@
-"""The device component: the driver behind its lanes (exporter/backends/guarded.py) and the sampler over it.
+"""The device component: runs the sampler over the node's device lanes (exporter/backends/guarded.py) and closes
+the driver at the end.
 
-Started first and stopped last: everything else reads its Snapshots or calls the driver through it. Stopping
-never waits on the driver: calls still stuck in it are named in the log and left behind.
+Started before anything that reads Snapshots or calls the driver, and stopped after them (only the simulated node
+outlasts it). Stopping never waits on the driver: calls still stuck in it are named in the log and left behind.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeviceAccess
-from exporter.backends.protocol import Backend
-from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
-from exporter.sampler import Sampler, SamplerSettings
-from healthd.rpc.server import Service
+from exporter.sampler import Sampler
+from healthd.component import ComponentBase
+from healthd.node import Node
 
 log = structlog.get_logger("device")
 
 FIRST_SAMPLE_SECONDS = 30.0
 
 
-class DeviceComponent:
+class DeviceComponent(ComponentBase):
     name = "device"
 
-    def __init__(self, settings: SamplerSettings, backend: Backend) -> None:
-        self.device = GuardedBackend(DeviceAccess(backend, settings))  # the only way to the driver
-        self.sampler = Sampler(self.device, settings)
-
-    def collectors(self) -> Sequence[Collector]:
-        return ()
-
-    def services(self) -> Sequence[Service]:
-        return ()
+    def __init__(self, device: GuardedBackend, sampler: Sampler) -> None:
+        self.device = device
+        self.sampler = sampler
 
     async def start(self) -> None:
         self.sampler.start()
@@ -55,3 +46,7 @@ class DeviceComponent:
             self.device.close()
         except BackendError as exc:
             log.warning("driver library not closed", error=str(exc))
+
+
+def build(node: Node) -> DeviceComponent:
+    return DeviceComponent(node.device, node.sampler)

@@ -14,8 +14,9 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from exporter.settings import ConfigError, check_keys, parse_section
+from healthd.host.view import ProbeHost
 from healthd.probes import configuration, driver, ecc, lost_cards, memory_leak, nvlink, pcie, throttle
-from healthd.probes.base import Probe, ProbeHost
+from healthd.probes.base import Probe
 from healthd.xid.watcher import XID_SECTION, XidSettings
 
 PROBES: tuple[ModuleType, ...] = (

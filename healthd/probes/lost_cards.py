@@ -20,7 +20,7 @@ from exporter.atomic_file import write_text_atomic
 from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, CheckStatus, Finding, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
 from healthd.xid.kmsg import normalize_pci
 

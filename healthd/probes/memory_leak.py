@@ -19,7 +19,7 @@ from exporter.backends.types import GpuProcess, Unsupported
 from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 
 CHECK = "memory_leak"

@@ -13,7 +13,7 @@ from exporter.backends.types import LinkState, NvLinkSample, Unsupported
 from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 
 CHECK = "nvlink"

@@ -12,7 +12,7 @@ from exporter.backends.types import ClockEventReason, DeviceSample, Unsupported
 from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
 
 CHECK = "pcie"

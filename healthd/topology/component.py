@@ -1,5 +1,6 @@
 """The topology component: refresher over the host's sysfs (a simulated tree on a simulated node), the NFD feature
-file, the metrics collector and the Topology gRPC service."""
+file, the metrics collector and the Topology gRPC service. It answers the node's question which card to use first
+(for the partitions' "any" placement)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from exporter.topology.collector import TopologyCollector
 from exporter.topology.nfd import FeatureFilePublisher
 from exporter.topology.refresher import TopologyRefresher
 from exporter.topology.settings import TopologySettings
+from healthd.component import ComponentBase
+from healthd.node import Node
 from healthd.rpc.server import Service
 from healthd.topology.service import TopologyService
 
@@ -28,7 +31,7 @@ def _add_topology(servicer: object, server: object) -> None:
     topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
 
-class TopologyComponent:
+class TopologyComponent(ComponentBase):
     name = "topology"
 
     def __init__(
@@ -91,3 +94,11 @@ class TopologyComponent:
             return preferred_allocation(topology, 1, pool).gpus[0]
         except AllocationError:
             return None
+
+
+def build(node: Node) -> TopologyComponent:
+    component = TopologyComponent(
+        node.settings(TopologySettings), node.device, node.sampler, node.host.sysfs_root, node.out_of_service
+    )
+    node.answer(placement=component)
+    return component

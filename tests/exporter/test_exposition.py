@@ -323,7 +323,6 @@ def busy_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExpositionC
     node.start()
     try:
         snap = sampler.run_once()
-        node.sync()
         kubelet.refresh()
         attributor.update(snap)
         registry = CollectorRegistry(auto_describe=False)

@@ -58,7 +58,7 @@ class Node:
         self.attributor = Attributor(
             ProcResolver(self.sim.proc_root), pod_index=PodLogIndex(self.sim.log_root), kubelet=self.kubelet
         )
-        self.sampler.subscribe(self._attribute)
+        self.sampler.subscribe(self.attributor.update)  # the simulated node follows the backend by itself
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
             ProcessCollector(self.attributor.latest, max_per_gpu=max_per_gpu),
@@ -66,16 +66,12 @@ class Node:
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
 
-    def _attribute(self, snapshot: Snapshot) -> None:
-        self.sim.sync(snapshot)
-        self.attributor.update(snapshot)
-
     def uuid(self, gpu: int) -> str:
         """Process and pod series name their card by uuid only (its index is on xpu_gpu_info)."""
         return self.backend.scenario.cards[gpu].uuid
 
     def cycle(self) -> Series:
-        self.sampler.run_once()  # sim.sync writes new pids, kubelet server sees them
+        self.sampler.run_once()  # the kubelet server answers with the new pods
         assert self.sampler.wait_subscribers()
         self.kubelet.refresh()
         self.sampler.run_once()  # attribution with the fresh allocations

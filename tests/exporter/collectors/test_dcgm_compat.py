@@ -19,8 +19,8 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
+from healthd.daemon.cards import CardMetrics
 from healthd.daemon.config import ConfigError, parse_config
-from healthd.daemon.metrics import CardMetrics
 from tests.support.clock import FakeClock
 
 # dcgm-exporter's active default counters (etc/default-counters.csv) that we provide

@@ -16,8 +16,8 @@ from exporter.collectors.dcgm_compat import CARD_FIELDS, PROF_ACTIVITY, PROF_NVL
 from exporter.collectors.dcgm_fields import DEFAULT_VERSION, V4_8, V4_10, VERSIONS
 from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
+from healthd.daemon.cards import CardMetrics
 from healthd.daemon.config import ConfigError, parse_config
-from healthd.daemon.metrics import CardMetrics
 from tests.support.clock import FakeClock
 
 Series = list[tuple[str, dict[str, str], float]]

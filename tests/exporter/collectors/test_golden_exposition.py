@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.collectors.dcgm_fields import VERSIONS
 from exporter.sampler import Sampler, SamplerSettings
-from healthd.daemon.metrics import last_xid_per_gpu
+from healthd.daemon.cards import last_xid_per_gpu
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
@@ -117,7 +117,11 @@ def test_dcgm_series_match_the_golden_file(
     node: tuple[Render, FaultEngine], version: str, request: pytest.FixtureRequest
 ) -> None:
     render, engine = node
-    text = render([DcgmCompatCollector("golden-node", last_xid_per_gpu(engine), version=version)])
+
+    def last_xid() -> Mapping[int, int]:
+        return last_xid_per_gpu(engine.active_faults())
+
+    text = render([DcgmCompatCollector("golden-node", last_xid, version=version)])
     _compare(DCGM_GOLDEN[version], text, request)
 
 
