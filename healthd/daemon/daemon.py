@@ -34,13 +34,14 @@ from healthd.topology import component as topology
 log = structlog.get_logger("main")
 
 # Started in this order, stopped in reverse. The simulated node's files come first and go last: every reader of the
-# node reads them. The driver's sampler comes next and stops after everything that reads its Snapshots or calls the
-# driver. The endpoints come last: /metrics serves the collectors of every component before it, and the gRPC
-# sockets appear once every service behind them has started (and close first).
+# node reads them. Attribution reads kubelet once before the first Snapshot, so the first one is attributed whole.
+# The sampler comes next and stops after everything that reads its Snapshots or calls the driver. The endpoints come
+# last: /metrics serves the collectors of every component before it, and the gRPC sockets appear once every service
+# behind them has started (and close first).
 COMPONENTS: tuple[Builder, ...] = (
     simulation.build,
-    device.build,
     attribution.build,
+    device.build,
     health.build,
     topology.build,
     cards.build,

@@ -1,8 +1,9 @@
 """The device component: runs the sampler over the node's device lanes (exporter/backends/guarded.py) and closes
 the driver at the end.
 
-Started before anything that reads Snapshots or calls the driver, and stopped after them (only the simulated node
-outlasts it). Stopping never waits on the driver: calls still stuck in it are named in the log and left behind.
+Started before every component that reads Snapshots or calls the driver, and stopped after them (the simulated
+node and attribution's kubelet client, which need no driver, come before it and outlast it). Stopping never waits on
+the driver: calls still stuck in it are named in the log and left behind.
 """
 
 from __future__ import annotations
