@@ -14,7 +14,7 @@ from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "configuration"
 
@@ -54,15 +54,11 @@ class ConfigurationProbe:
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
+        for g, ref, s in report.fresh_cards(snapshot):
             key = g.uuid or str(g.index)
-            findings = self._compute_mode(ref, g.sample) + self._persistence(ref, g.sample) + self._ecc(ref, g.sample)
-            findings += self._pending(ref, key, "mig", g.sample.mig_mode_current, g.sample.mig_mode_pending, now)
-            findings += self._pending(ref, key, "ecc", g.sample.ecc.enabled_current, g.sample.ecc.enabled_pending, now)
+            findings = self._compute_mode(ref, s) + self._persistence(ref, s) + self._ecc(ref, s)
+            findings += self._pending(ref, key, "mig", s.mig_mode_current, s.mig_mode_pending, now)
+            findings += self._pending(ref, key, "ecc", s.ecc.enabled_current, s.ecc.enabled_pending, now)
             report.gpu_done(ref, findings, "configuration as expected")
         return report.build()
 

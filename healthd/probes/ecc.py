@@ -14,7 +14,7 @@ from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "ecc"
 
@@ -45,17 +45,13 @@ class EccProbe:
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            ecc = g.sample.ecc
-            rows = g.sample.remapped_rows
+        for g, ref, sample in report.fresh_cards(snapshot):
+            ecc = sample.ecc
+            rows = sample.remapped_rows
             if ecc.enabled_current is not True and isinstance(rows, Unsupported):
                 report.unsupported(ref, "ECC is off or not supported and the card has no row remapping")
                 continue
-            findings = self._ecc(ref, g.uuid or str(g.index), ecc.enabled_current is True, g.sample, now)
+            findings = self._ecc(ref, g.uuid or str(g.index), ecc.enabled_current is True, sample, now)
             if not isinstance(rows, Unsupported):
                 findings += self._remap(ref, rows.pending, rows.failure, rows.uncorrectable)
             report.gpu_done(ref, findings, "no ECC errors that need action")

@@ -20,7 +20,7 @@ from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "memory_leak"
 SECTION = "memory_leak"
@@ -61,11 +61,7 @@ class MemoryLeakProbe:
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
         live: set[tuple[str, int]] = set()
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
+        for g, ref, _ in report.fresh_cards(snapshot):
             key = g.uuid or str(g.index)
             if not g.processes_known:  # without the process list, all memory would look unowned
                 report.result(ref, CheckStatus.UNKNOWN, f"process list unknown: {g.partial_errors['processes']}")

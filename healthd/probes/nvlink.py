@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from exporter.backends.types import LinkState, NvLinkSample, Unsupported
 from exporter.settings import option
-from exporter.snapshot import Snapshot
+from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "nvlink"
 
@@ -45,6 +45,11 @@ class _LinkState:
     crc_hit: tuple[float, float] | None = None  # (time, rate per second)
 
 
+def _no_nvlink(gpu: GpuSnapshot) -> str | None:
+    """A card without NVLink is unsupported whether or not it answers now."""
+    return "the card has no NVLink" if gpu.info is not None and gpu.info.nvlink_count == 0 else None
+
+
 class NvLinkProbe:
     name = CHECK
 
@@ -54,15 +59,8 @@ class NvLinkProbe:
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if g.info is not None and g.info.nvlink_count == 0:
-                report.unsupported(gpu_ref(g), "the card has no NVLink")
-                continue
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            links = g.sample.nvlinks
+        for g, ref, sample in report.fresh_cards(snapshot, _no_nvlink):
+            links = sample.nvlinks
             if isinstance(links, Unsupported) or not links:
                 report.unsupported(ref, "NVLink is not supported on this card")
                 continue

@@ -13,7 +13,7 @@ from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "pcie"
 
@@ -48,12 +48,11 @@ class PcieProbe:
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None or g.info is None:
+        for g, ref, s in report.fresh_cards(snapshot):
+            info = g.info
+            if info is None:  # no inventory reading: the card's maxima are not known
                 report.stale(g)
                 continue
-            ref = gpu_ref(g)
-            s, info = g.sample, g.info
             key = g.uuid or str(g.index)
             checks = []
             if isinstance(s.pcie_width, int) and isinstance(info.pcie_width_max, int):

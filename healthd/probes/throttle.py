@@ -17,7 +17,7 @@ from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.host.view import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "clocks"
 
@@ -44,12 +44,8 @@ class ThrottleProbe:
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         t = self.settings
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            reasons = g.sample.clock_event_reasons
+        for g, ref, sample in report.fresh_cards(snapshot):
+            reasons = sample.clock_event_reasons
             if isinstance(reasons, Unsupported):
                 report.unsupported(ref, "clock event reasons are not supported")
                 continue
