@@ -1,7 +1,7 @@
 """Health probes: one module per check, each a plain object with ``name`` and ``evaluate(snapshot, now)``.
 
 ``PROBES`` is the registry. A probe module exports ``SECTION`` (its ``[health.<section>]`` table), ``Settings`` (a
-settings dataclass, read by healthd/settings.py) and ``build(settings, host)``; adding a probe is one file plus one
+settings dataclass, read by exporter/settings.py) and ``build(settings, host)``; adding a probe is one file plus one
 line here. On a simulated node the host's /proc and /sys describe the machine the simulator runs on, not the
 simulated GPUs, so the probe host gives those probes nothing to read there.
 """
