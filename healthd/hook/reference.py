@@ -114,7 +114,7 @@ class ExecutionStore:
             )
 
 
-def check_report(request: Any) -> None:
+def check_report(request: hpb.FaultReport) -> None:
     """Every field of a FaultReport within its limits; InvalidField (-> INVALID_ARGUMENT) names the first bad one."""
     check_text(request.idempotency_key, "idempotency_key", max_chars=MAX_KEY_CHARS, required=True)
     if request.seq > MAX_SEQ:
@@ -165,7 +165,7 @@ def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
     )
 
 
-def stdin_document(request: Any) -> bytes:
+def stdin_document(request: hpb.FaultReport) -> bytes:
     """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
     fault = _fault_from_json(request.fault_json)
     if fault is None:
@@ -197,7 +197,9 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         self._timeout = command_timeout
         self._lock = asyncio.Lock()
 
-    async def ReportFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ReportFault(  # noqa: N802
+        self, request: hpb.FaultReport, context: grpc.aio.ServicerContext[hpb.FaultReport, hpb.ReportFaultAck]
+    ) -> hpb.ReportFaultAck:
         try:
             check_report(request)
         except InvalidField as exc:
@@ -219,7 +221,7 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
             raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
         return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
 
-    async def _run(self, request: Any, key: str) -> tuple[int, str]:
+    async def _run(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
         env = {
             **os.environ,
             "XPU_FAULT_ID": key,
@@ -278,7 +280,7 @@ async def serve(
         raise ValueError(f"--listen {listen}: a TCP hook needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca)")
     store = ExecutionStore(state)
     server = grpc.aio.server(interceptors=[RequestGuard()])
-    hpb_grpc.add_ReplacementHookServicer_to_server(  # type: ignore[no-untyped-call]
+    hpb_grpc.add_ReplacementHookServicer_to_server(
         ReferenceHook(store, command, command_timeout=command_timeout), server
     )
     _prepare_unix_socket(listen)

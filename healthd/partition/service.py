@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import structlog
@@ -41,7 +40,7 @@ SHARING = {
 }
 
 
-def owner_to_pb(owner: Owner) -> Any:
+def owner_to_pb(owner: Owner) -> pb.Owner:
     match owner.kind:
         case OwnerKind.CONTAINER:
             return pb.Owner(container=pb.ContainerOwner(id=owner.container_id, cgroup_path=owner.cgroup_path))
@@ -60,11 +59,11 @@ def owner_to_pb(owner: Owner) -> Any:
             return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder, kubelet_device=_kubelet_device_pb(owner)))
 
 
-def _kubelet_device_pb(owner: Owner) -> Any:
+def _kubelet_device_pb(owner: Owner) -> pb.KubeletDevice | None:
     return pb.KubeletDevice(resource_name=owner.resource_name, device_id=owner.device_id) if owner.device_id else None
 
 
-def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
+def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> pb.Partition:
     edits = manager.edits(r) if r.state.value == "ready" else None
     msg = pb.Partition(
         id=r.id,
@@ -106,7 +105,7 @@ def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
     return msg
 
 
-def capacity_to_pb(c: CardCapacity) -> Any:
+def capacity_to_pb(c: CardCapacity) -> pb.CardCapacity:
     return pb.CardCapacity(
         gpu=c.gpu,
         gpu_uuid=c.gpu_uuid,
@@ -168,7 +167,9 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 f"{what} changes partitions: use the admin socket (this socket serves reads only)",
             )
 
-    async def SetCardMode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def SetCardMode(  # noqa: N802
+        self, request: pb.SetCardModeRequest, context: grpc.aio.ServicerContext[pb.SetCardModeRequest, pb.CardCapacity]
+    ) -> pb.CardCapacity:
         self._require_write("SetCardMode")
         with _checked():
             gpu = req.gpu_ref(request.gpu)
@@ -181,7 +182,11 @@ class PartitionsService(pb_grpc.PartitionsServicer):
         with _manager_errors(("gpu", str(gpu))):
             return capacity_to_pb(await self._m.set_mode(str(gpu), mode, SHARING[request.sharing]))
 
-    async def CreatePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def CreatePartition(  # noqa: N802
+        self,
+        request: pb.CreatePartitionRequest,
+        context: grpc.aio.ServicerContext[pb.CreatePartitionRequest, pb.Partition],
+    ) -> pb.Partition:
         self._require_write("CreatePartition")
         with _checked():
             owner, ttl = req.owner_from_pb(request.owner)
@@ -200,14 +205,20 @@ class PartitionsService(pb_grpc.PartitionsServicer):
             record = await self._m.create(create)
         return partition_to_pb(self._m, record)
 
-    async def GetPartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetPartition(  # noqa: N802
+        self, request: pb.GetPartitionRequest, context: grpc.aio.ServicerContext[pb.GetPartitionRequest, pb.Partition]
+    ) -> pb.Partition:
         with _checked():
             pid = req.partition_id(request.id)
         self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
         with _manager_errors(("partition", pid)):
             return partition_to_pb(self._m, self._m.get(pid))
 
-    async def ListPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ListPartitions(  # noqa: N802
+        self,
+        request: pb.ListPartitionsRequest,
+        context: grpc.aio.ServicerContext[pb.ListPartitionsRequest, pb.ListPartitionsResponse],
+    ) -> pb.ListPartitionsResponse:
         with _checked():
             gpu = req.gpu_ref(request.gpu, optional=True)
         self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
@@ -215,7 +226,11 @@ class PartitionsService(pb_grpc.PartitionsServicer):
             records = self._m.list_partitions(str(gpu or ""))
         return pb.ListPartitionsResponse(partitions=[partition_to_pb(self._m, r) for r in records])
 
-    async def DeletePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def DeletePartition(  # noqa: N802
+        self,
+        request: pb.DeletePartitionRequest,
+        context: grpc.aio.ServicerContext[pb.DeletePartitionRequest, pb.DeletePartitionResponse],
+    ) -> pb.DeletePartitionResponse:
         self._require_write("DeletePartition")
         with _checked():
             pid = req.partition_id(request.id)
@@ -224,7 +239,9 @@ class PartitionsService(pb_grpc.PartitionsServicer):
             deleted = await self._m.delete(pid)
         return pb.DeletePartitionResponse(id=pid, deleted=deleted)
 
-    async def RenewLease(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def RenewLease(  # noqa: N802
+        self, request: pb.RenewLeaseRequest, context: grpc.aio.ServicerContext[pb.RenewLeaseRequest, pb.Partition]
+    ) -> pb.Partition:
         self._require_write("RenewLease")
         with _checked():
             pid = req.partition_id(request.id)
@@ -234,7 +251,11 @@ class PartitionsService(pb_grpc.PartitionsServicer):
             record = await self._m.renew_lease(pid, ttl)
         return partition_to_pb(self._m, record)
 
-    async def GetCapacity(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetCapacity(  # noqa: N802
+        self,
+        request: pb.GetCapacityRequest,
+        context: grpc.aio.ServicerContext[pb.GetCapacityRequest, pb.GetCapacityResponse],
+    ) -> pb.GetCapacityResponse:
         with _checked():
             gpu = req.gpu_ref(request.gpu, optional=True)
         self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
