@@ -9,6 +9,7 @@ from healthd.api.v1 import hook_pb2 as hpb
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault, FaultRecord, FaultState
 from healthd.findings import Action, GpuRef, Severity
+from healthd.hook.report import report_of
 
 # proto enums keep 0 for "unspecified", so the domain values map by name (ACTION_NONE = 1, ...)
 SEVERITY_TO_PB = {s: f"SEVERITY_{s.name}" for s in Severity}
@@ -59,25 +60,4 @@ def check_pb(c: CheckState) -> pb.CheckHealth:
 
 def fault_report_pb(payload: str, seq: int, node_name: str) -> hpb.FaultReport:
     """The hook request for an outbox item (``payload`` is the fault JSON as queued)."""
-    data = json.loads(payload)
-    gpu = data.get("gpu")
-    return hpb.FaultReport(
-        idempotency_key=data["id"],
-        node_name=node_name,
-        fault_id=data["id"],
-        seq=seq,
-        check=data["check"],
-        code=data["code"],
-        severity=data["severity"],
-        action=data["action"],
-        message=data["message"],
-        gpu_index=-1 if gpu is None else int(gpu["index"]),
-        gpu_uuid="" if gpu is None else gpu["uuid"],
-        pci_bus_id="" if gpu is None else gpu["pci_bus_id"],
-        evidence=data["evidence"],
-        first_seen=data["first_seen"],
-        last_seen=data["last_seen"],
-        count=data["count"],
-        boot_id=data["boot_id"],
-        fault_json=payload,
-    )
+    return report_of(json.loads(payload), document_json=payload, seq=seq, node_name=node_name)

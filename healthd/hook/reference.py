@@ -25,13 +25,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
+from healthd.hook.report import document_of
 from healthd.rpc.errors import from_invalid_field, unavailable
 from healthd.rpc.guard import RequestGuard
 from healthd.rpc.transport import GrpcTls, is_tcp, server_credentials
@@ -138,17 +138,6 @@ def check_report(request: hpb.FaultReport) -> None:
         raise InvalidField("fault_json", f"at most {MAX_FAULT_JSON_CHARS} characters, got {len(request.fault_json)}")
 
 
-def _fault_from_json(text: str) -> dict[str, Any] | None:
-    """The stored fault when ``text`` is a JSON object; None otherwise (nesting too deep for the parser included)."""
-    if not text:
-        return None
-    try:
-        fault = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return fault if isinstance(fault, dict) else None
-
-
 def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
     """The error for a damaged hook file: moving it aside forgets which faults' commands already ran."""
     rows = salvage_rows(path, "SELECT COUNT(*) FROM executions NOT INDEXED WHERE exit_code = 0")
@@ -167,26 +156,8 @@ def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
 
 def stdin_document(request: hpb.FaultReport) -> bytes:
     """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
-    fault = _fault_from_json(request.fault_json)
-    if fault is None:
-        fault = {
-            "id": request.fault_id,
-            "check": request.check,
-            "code": request.code,
-            "severity": request.severity,
-            "action": request.action,
-            "message": request.message,
-            "gpu": None
-            if request.gpu_index < 0
-            else {"index": request.gpu_index, "uuid": request.gpu_uuid, "pci_bus_id": request.pci_bus_id},
-            "evidence": dict(request.evidence),
-            "first_seen": request.first_seen,
-            "last_seen": request.last_seen,
-            "count": request.count,
-            "boot_id": request.boot_id,
-        }
     doc = {"idempotency_key": request.idempotency_key, "node_name": request.node_name, "seq": request.seq}
-    doc["fault"] = fault
+    doc["fault"] = document_of(request)
     return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
 
