@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import grpc
+
 from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from healthd.rpc.server import Service
@@ -13,10 +15,10 @@ from healthd.sim.service import SimulationService
 SERVICE_NAME = "xpu.runtime.v1.Simulation"
 
 
-def add_simulation(servicer: object, server: object) -> None:
+def add_simulation(servicer: SimulationService, server: grpc.aio.Server) -> None:
     from healthd.api.v1 import simulation_pb2_grpc
 
-    simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)
 
 
 class SimulationComponent:

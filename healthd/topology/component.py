@@ -8,6 +8,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
@@ -59,10 +61,10 @@ class TopologySettings:
     network: tuple[tuple[str, str], ...] = option((), check=_network)  # e.g. [topology.network] block = "b07"
 
 
-def _add_topology(servicer: object, server: object) -> None:
+def _add_topology(servicer: TopologyService, server: grpc.aio.Server) -> None:
     from healthd.api.v1 import topology_pb2_grpc
 
-    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)
 
 
 class TopologyComponent:
