@@ -4,8 +4,7 @@ generated stubs."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterable
 
 import grpc
 
@@ -27,10 +26,10 @@ class DaemonClient:
         self.timeout = timeout
         self._main = grpc.aio.insecure_channel(address)
         self._admin = grpc.aio.insecure_channel(admin_address)
-        self._health = health_pb2_grpc.HealthStub(self._main)  # type: ignore[no-untyped-call]
-        self._topology = topology_pb2_grpc.TopologyStub(self._main)  # type: ignore[no-untyped-call]
-        self._partitions = partitions_pb2_grpc.PartitionsStub(self._main)  # type: ignore[no-untyped-call]
-        self._admin_partitions = partitions_pb2_grpc.PartitionsStub(self._admin)  # type: ignore[no-untyped-call]
+        self._health = health_pb2_grpc.HealthStub(self._main)
+        self._topology = topology_pb2_grpc.TopologyStub(self._main)
+        self._partitions = partitions_pb2_grpc.PartitionsStub(self._main)
+        self._admin_partitions = partitions_pb2_grpc.PartitionsStub(self._admin)
 
     async def close(self) -> None:
         await self._main.close()
@@ -38,7 +37,7 @@ class DaemonClient:
 
     # ----- health --------------------------------------------------------------------------------------------
 
-    async def active_faults(self) -> tuple[list[Any], int]:
+    async def active_faults(self) -> tuple[list[health_pb2.Fault], int]:
         """(active faults, the journal's last seq read before they were listed): a watch from there misses nothing."""
         reply = await self._health.ListFaults(
             health_pb2.ListFaultsRequest(state=health_pb2.FAULT_STATE_ACTIVE, limit=ACTIVE_FAULTS_LIMIT),
@@ -46,27 +45,28 @@ class DaemonClient:
         )
         return list(reply.faults), int(reply.last_seq)
 
-    def watch_faults(self, after_seq: int) -> AsyncIterator[Any]:
+    def watch_faults(self, after_seq: int) -> AsyncIterable[health_pb2.WatchFaultsResponse]:
         """The journal after ``after_seq``: replay, then live (no deadline: it runs as long as the daemon does)."""
-        call: AsyncIterator[Any] = self._health.WatchFaults(health_pb2.WatchFaultsRequest(after_seq=after_seq))
-        return call
+        return self._health.WatchFaults(health_pb2.WatchFaultsRequest(after_seq=after_seq))
 
     # ----- topology ------------------------------------------------------------------------------------------
 
-    async def topology(self) -> Any:
+    async def topology(self) -> topology_pb2.GetTopologyResponse:
         return await self._topology.Get(topology_pb2.GetTopologyRequest(), timeout=self.timeout)
 
-    async def preferred(self, count: int, available: list[str], must_include: list[str]) -> Any:
+    async def preferred(
+        self, count: int, available: list[str], must_include: list[str]
+    ) -> topology_pb2.PreferredAllocationResponse:
         request = topology_pb2.PreferredAllocationRequest(count=count, available=available, must_include=must_include)
         return await self._topology.PreferredAllocation(request, timeout=self.timeout)
 
     # ----- partitions ----------------------------------------------------------------------------------------
 
-    async def capacity(self) -> list[Any]:
+    async def capacity(self) -> list[partitions_pb2.CardCapacity]:
         reply = await self._partitions.GetCapacity(partitions_pb2.GetCapacityRequest(), timeout=self.timeout)
         return list(reply.cards)
 
-    async def partitions(self) -> list[Any]:
+    async def partitions(self) -> list[partitions_pb2.Partition]:
         reply = await self._partitions.ListPartitions(partitions_pb2.ListPartitionsRequest(), timeout=self.timeout)
         return list(reply.partitions)
 
@@ -79,7 +79,7 @@ class DaemonClient:
         resource_name: str,
         device_id: str,
         lease_seconds: float,
-    ) -> Any:
+    ) -> partitions_pb2.Partition:
         """A partition under a lease that names the kubelet device; the daemon gives it to the pod kubelet lists."""
         owner = lease_for_device("xpu-device-plugin", lease_seconds, resource_name, device_id)
         request = partitions_pb2.CreatePartitionRequest(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import structlog
@@ -38,7 +37,7 @@ class CardFault:
     action: int
 
 
-def takes_out_of_service(fault: Any) -> bool:
+def takes_out_of_service(fault: health_pb2.Fault) -> bool:
     if fault.state != health_pb2.FAULT_STATE_ACTIVE:
         return False
     if not fault.HasField("gpu"):
@@ -67,7 +66,7 @@ class FaultTracker:
     def reasons(self, gpu: int) -> list[str]:
         return sorted(f"{f.code} ({f.id})" for f in self._faults.values() if f.gpu in (gpu, ALL_CARDS))
 
-    def apply(self, fault: Any) -> bool:
+    def apply(self, fault: health_pb2.Fault) -> bool:
         """Take one fault as the daemon last described it; True when the set of out-of-service faults changed."""
         before = self._faults.get(fault.id)
         if takes_out_of_service(fault):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import structlog
 
 from container.core.daemon_client import DaemonClient
 from container.core.ownership import kubelet_device_of
+from healthd.api.v1 import partitions_pb2, topology_pb2
 
 log = structlog.get_logger("container.core.inventory")
 
@@ -55,13 +55,14 @@ class Card:
 @dataclass(frozen=True, slots=True)
 class NodeView:
     cards: tuple[Card, ...] = ()
-    by_device: Mapping[tuple[str, str], Any] = field(default_factory=dict)  # (resource, device id) -> Partition
+    # (resource name, device id) -> the ready partition that serves that kubelet device
+    by_device: Mapping[tuple[str, str], partitions_pb2.Partition] = field(default_factory=dict)
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
 
 
-def nearest_nics(topology: Any) -> dict[int, tuple[Nic, ...]]:
+def nearest_nics(topology: topology_pb2.GetTopologyResponse) -> dict[int, tuple[Nic, ...]]:
     """Per GPU index: the NICs at the smallest link distance from it."""
     nics = {n.name: Nic(n.name, tuple(n.netdevs)) for n in topology.nics}
     best: dict[int, tuple[int, list[Nic]]] = {}
@@ -77,7 +78,11 @@ def nearest_nics(topology: Any) -> dict[int, tuple[Nic, ...]]:
     return {gpu: tuple(sorted(chosen, key=lambda n: n.name)) for gpu, (_, chosen) in best.items()}
 
 
-def build_view(capacity: list[Any], partitions: list[Any], topology: Any | None) -> NodeView:
+def build_view(
+    capacity: list[partitions_pb2.CardCapacity],
+    partitions: list[partitions_pb2.Partition],
+    topology: topology_pb2.GetTopologyResponse | None,
+) -> NodeView:
     numa: dict[int, int | None] = {}
     nics: dict[int, tuple[Nic, ...]] = {}
     if topology is not None:
@@ -102,7 +107,7 @@ def build_view(capacity: list[Any], partitions: list[Any], topology: Any | None)
         )
         for c in sorted(capacity, key=lambda c: c.gpu)
     )
-    by_device = {}
+    by_device: dict[tuple[str, str], partitions_pb2.Partition] = {}
     for p in partitions:
         key = kubelet_device_of(p)
         if key is not None and p.state == "ready":
@@ -122,7 +127,7 @@ class Inventory:
         capacity = await self._client.capacity()
         partitions = await self._client.partitions()
         try:
-            topology = await self._client.topology()
+            topology: topology_pb2.GetTopologyResponse | None = await self._client.topology()
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise

@@ -4,13 +4,11 @@ lease that names the device, and the daemon hands it to the pod that kubelet lis
 
 from __future__ import annotations
 
-from typing import Any
-
 from healthd.api.v1 import partitions_pb2
 
 
-def lease_for_device(holder: str, ttl_seconds: float, resource_name: str, device_id: str) -> Any:
-    """A lease owner (partitions_pb2.Owner) that names the kubelet device the partition is for."""
+def lease_for_device(holder: str, ttl_seconds: float, resource_name: str, device_id: str) -> partitions_pb2.Owner:
+    """A lease owner that names the kubelet device the partition is for."""
     return partitions_pb2.Owner(
         lease=partitions_pb2.LeaseOwner(
             holder=holder,
@@ -20,7 +18,7 @@ def lease_for_device(holder: str, ttl_seconds: float, resource_name: str, device
     )
 
 
-def kubelet_device_of(partition: Any) -> tuple[str, str] | None:
+def kubelet_device_of(partition: partitions_pb2.Partition) -> tuple[str, str] | None:
     """(resource name, device id) a partition serves, whether it is still under its lease or already its pod's."""
     which = partition.owner.WhichOneof("kind")
     if which == "lease" and partition.owner.lease.HasField("kubelet_device"):

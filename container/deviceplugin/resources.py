@@ -11,9 +11,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import structlog
@@ -40,11 +39,11 @@ class AllocationError(Exception):
         self.message = message
 
 
-def _topology(card: Card) -> Any:
+def _topology(card: Card) -> kpb.TopologyInfo | None:
     return kpb.TopologyInfo(nodes=[kpb.NUMANode(ID=card.numa_node)]) if card.numa_node is not None else None
 
 
-def rdma_edits(cards: Sequence[Card], response: Any) -> None:
+def rdma_edits(cards: Sequence[Card], response: kpb.ContainerAllocateResponse) -> None:
     """The RDMA NICs nearest to the cards, as an annotation and env, for a NIC plugin or the job (NCCL_IB_HCA)."""
     nics = sorted({n.name: n for c in cards for n in c.nics}.values(), key=lambda n: n.name)
     if not nics:
@@ -66,7 +65,7 @@ class Context:
     lease_seconds: float
     view: Callable[[], NodeView]
     out_of_service: Callable[[], frozenset[int]]
-    changed: Callable[[], Any]  # awaitable: refresh the view and tell kubelet (after a partition was made)
+    changed: Callable[[], Awaitable[object]]  # refresh the view and tell kubelet (after a partition was made)
 
 
 class WholeCards:
@@ -79,7 +78,7 @@ class WholeCards:
     def cards(self, view: NodeView) -> list[Card]:
         return [c for c in view.cards if c.mode == partitions_pb2.PARTITION_MODE_NONE and not c.hardware_mig]
 
-    def devices(self) -> list[Any]:
+    def devices(self) -> list[kpb.Device]:
         out_of_service = self.ctx.out_of_service()
         return [
             kpb.Device(ID=c.uuid, health=UNHEALTHY if c.index in out_of_service else HEALTHY, topology=_topology(c))
@@ -97,7 +96,7 @@ class WholeCards:
             log.warning("no preferred allocation from the daemon", error=exc.details(), size=size)
             return [*must, *(i for i in pool if i not in must)][:size]
 
-    async def allocate(self, ids: list[str]) -> Any:
+    async def allocate(self, ids: list[str]) -> kpb.ContainerAllocateResponse:
         view = self.ctx.view()
         cards = []
         for device_id in ids:
@@ -146,7 +145,7 @@ class Slices:
         room = min((100 - card.compute_allocated) // c, (card.memory_total_mib - card.memory_allocated_mib) // m)
         return slots, max(0, room)
 
-    def devices(self) -> list[Any]:
+    def devices(self) -> list[kpb.Device]:
         view = self.ctx.view()
         out_of_service = self.ctx.out_of_service()
         devices = []
@@ -181,7 +180,7 @@ class Slices:
 
     # ----- kubelet calls -------------------------------------------------------------------------------------
 
-    async def allocate(self, ids: list[str]) -> Any:
+    async def allocate(self, ids: list[str]) -> kpb.ContainerAllocateResponse:
         if len(ids) != 1:
             raise AllocationError(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -8,7 +8,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 import structlog
@@ -27,11 +27,11 @@ class Resource(Protocol):
     name: str
     pre_start_required: bool
 
-    def devices(self) -> list[Any]: ...
+    def devices(self) -> list[kpb.Device]: ...
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]: ...
 
-    async def allocate(self, ids: list[str]) -> Any: ...
+    async def allocate(self, ids: list[str]) -> kpb.ContainerAllocateResponse: ...
 
     async def pre_start(self, ids: list[str]) -> None: ...
 
@@ -60,7 +60,7 @@ class Changes:
                 self._waiters.discard(waiter)
 
 
-def plugin_options(resource: Resource) -> Any:
+def plugin_options(resource: Resource) -> kpb.DevicePluginOptions:
     """What the plugin tells kubelet it supports for ``resource``, at registration and when asked."""
     return kpb.DevicePluginOptions(
         pre_start_required=resource.pre_start_required, get_preferred_allocation_available=True
@@ -72,11 +72,15 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
         self._r = resource
         self._changes = changes
 
-    async def GetDevicePluginOptions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetDevicePluginOptions(  # noqa: N802
+        self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.DevicePluginOptions]
+    ) -> kpb.DevicePluginOptions:
         return plugin_options(self._r)
 
-    async def ListAndWatch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
-        last: list[Any] | None = None
+    async def ListAndWatch(  # noqa: N802
+        self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.ListAndWatchResponse]
+    ) -> AsyncIterator[kpb.ListAndWatchResponse]:
+        last: list[kpb.Device] | None = None
         while True:
             generation = self._changes.generation
             devices = self._r.devices()
@@ -87,7 +91,11 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
                 last = devices
             await self._changes.wait_beyond(generation)
 
-    async def GetPreferredAllocation(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetPreferredAllocation(  # noqa: N802
+        self,
+        request: kpb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[kpb.PreferredAllocationRequest, kpb.PreferredAllocationResponse],
+    ) -> kpb.PreferredAllocationResponse:
         responses = []
         for req in request.container_requests:
             ids = await self._r.preferred(
@@ -96,7 +104,9 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
             responses.append(kpb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return kpb.PreferredAllocationResponse(container_responses=responses)
 
-    async def Allocate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def Allocate(  # noqa: N802
+        self, request: kpb.AllocateRequest, context: grpc.aio.ServicerContext[kpb.AllocateRequest, kpb.AllocateResponse]
+    ) -> kpb.AllocateResponse:
         responses = []
         for req in request.container_requests:
             try:
@@ -106,7 +116,11 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
                 await context.abort(exc.code, exc.message)
         return kpb.AllocateResponse(container_responses=responses)
 
-    async def PreStartContainer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def PreStartContainer(  # noqa: N802
+        self,
+        request: kpb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[kpb.PreStartContainerRequest, kpb.PreStartContainerResponse],
+    ) -> kpb.PreStartContainerResponse:
         try:
             await self._r.pre_start(list(request.devices_ids))
         except AllocationError as exc:
@@ -147,7 +161,7 @@ class ResourceServer:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
-        kpb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.resource, self._changes), server)  # type: ignore[no-untyped-call]
+        kpb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.resource, self._changes), server)
         server.add_insecure_port(f"unix:{self.socket}")
         await server.start()
         self._server = server
@@ -168,7 +182,7 @@ class ResourceServer:
     async def register(self, kubelet_inode: tuple[int, int]) -> None:
         """Register with the kubelet behind ``kubelet.sock``; raises grpc errors (retried by the caller)."""
         async with grpc.aio.insecure_channel(f"unix:{self.kubelet_dir / KUBELET_SOCKET}") as channel:
-            stub = kpb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            stub = kpb_grpc.RegistrationStub(channel)
             await stub.Register(
                 kpb.RegisterRequest(
                     version=API_VERSION,

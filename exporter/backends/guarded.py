@@ -104,7 +104,7 @@ class GuardedBackend:
     def pcie_throughput(self, index: int) -> PcieThroughput:
         return self._run(index, "pcie_throughput", _bind(self.access.backend.pcie_throughput, index), self._read)
 
-    def submit(self, index: int, call: str, *args: Any) -> Pending[Any]:
+    def submit(self, index: int, call: str, *args: object) -> Pending[Any]:
         """Start one per-card read without waiting (the sampler fans a cycle out over every card this way)."""
         fn = getattr(self.access.backend, call)
         return self.access.submit(index, call, lambda: fn(index, *args), self._read)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+import grpc
 import structlog
 
 from exporter.backends.guarded import GuardedBackend
@@ -43,10 +44,10 @@ SERVICE_NAME = "xpu.runtime.v1.Partitions"
 STATE_FILE = "partitions.sqlite"
 
 
-def add_partitions(servicer: object, server: object) -> None:
+def add_partitions(servicer: PartitionsService, server: grpc.aio.Server) -> None:
     from healthd.api.v1 import partitions_pb2_grpc
 
-    partitions_pb2_grpc.add_PartitionsServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    partitions_pb2_grpc.add_PartitionsServicer_to_server(servicer, server)
 
 
 def mps_control(kind: str) -> MpsControl:

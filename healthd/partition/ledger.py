@@ -8,13 +8,14 @@ memory, then to the view that metrics and the API read. healthd/partition/manage
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
@@ -44,6 +45,7 @@ __all__ = ["PartitionLedger", "new_partition_id"]
 
 log = structlog.get_logger("partition")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def new_partition_id() -> str:
@@ -248,11 +250,11 @@ class PartitionLedger:
     def _card_sharing(self, gpu: int) -> CardSharing:
         return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)
 
-    async def _store(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)
+    async def _store(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._store_io, functools.partial(fn, *args, **kwargs))
 
-    async def _host(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._host_io, fn, *args)
+    async def _host(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._host_io, functools.partial(fn, *args, **kwargs))
 
     async def _insert(self, record: PartitionRecord) -> None:
         try:

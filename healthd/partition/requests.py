@@ -8,10 +8,10 @@ what the client sent (healthd/rpc/validation.py).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import grpc
 
+from healthd.api.v1 import partitions_pb2 as pb
 from healthd.partition.errors import Kind, PartitionError, invalid
 from healthd.partition.model import Owner, OwnerKind
 from healthd.partition.quantity import check_compute_percent, parse_memory_mib
@@ -70,7 +70,7 @@ def _name(value: str, field: str, pattern: re.Pattern[str], what: str) -> str:
     return value
 
 
-def owner_from_pb(owner: Any) -> tuple[Owner, float]:
+def owner_from_pb(owner: pb.Owner) -> tuple[Owner, float]:
     """(Owner, lease ttl seconds); InvalidField names the first bad field."""
     which = owner.WhichOneof("kind")
     if which == "container":
@@ -138,7 +138,7 @@ def check_owner(owner: Owner) -> None:
                 raise invalid("owner.lease.holder: expected a printable name of 1-253 characters")
 
 
-def kubelet_device(device: Any, field: str) -> tuple[str, str]:
+def kubelet_device(device: pb.KubeletDevice, field: str) -> tuple[str, str]:
     """(resource name, device id) of the kubelet device a partition serves; both empty when none is named."""
     resource = check_text(device.resource_name, f"{field}.resource_name", max_chars=MAX_RESOURCE_NAME_CHARS)
     device_id = check_text(device.device_id, f"{field}.device_id", max_chars=MAX_DEVICE_ID_CHARS)
@@ -166,7 +166,7 @@ def memory_mib(text: str) -> int:
 NO_UID = 0xFFFFFFFF  # (uid_t)-1: "no uid" to the kernel (setuid ignores it), never a process's uid
 
 
-def client_uid(request: Any) -> int | None:
+def client_uid(request: pb.CreatePartitionRequest) -> int | None:
     """The optional ``client_uid`` of a create request: None when unset."""
     if not request.HasField("client_uid"):
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 
+import grpc
 import structlog
 
 from exporter.backends.protocol import Backend
@@ -31,10 +32,10 @@ log = structlog.get_logger("simulation")
 SERVICE_NAME = "xpu.runtime.v1.Simulation"
 
 
-def add_simulation(servicer: object, server: object) -> None:
+def add_simulation(servicer: SimulationService, server: grpc.aio.Server) -> None:
     from healthd.api.v1 import simulation_pb2_grpc
 
-    simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    simulation_pb2_grpc.add_SimulationServicer_to_server(servicer, server)
 
 
 class SimulatedMachine:

@@ -23,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
@@ -88,7 +87,7 @@ class SimulatedKubelet:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet"))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)  # type: ignore[no-untyped-call]
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
         server.add_insecure_port(f"unix:{self.socket_path}")
         server.start()
         self._server = server
@@ -99,7 +98,7 @@ class SimulatedKubelet:
             self._server = None
         self.socket_path.unlink(missing_ok=True)
 
-    def list_response(self) -> Any:
+    def list_response(self) -> pb.ListPodResourcesResponse:
         pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         for a in self._allocations():
             containers = pods.setdefault((a.namespace, a.pod), {})
@@ -121,7 +120,7 @@ class SimulatedKubelet:
             ]
         )
 
-    def allocatable_response(self) -> Any:
+    def allocatable_response(self) -> pb.AllocatableResourcesResponse:
         by_resource: dict[str, list[str]] = defaultdict(list)
         for resource, device_id in self._allocatable():
             by_resource[resource].append(device_id)
@@ -134,10 +133,14 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, owner: SimulatedKubelet) -> None:
         self._owner = owner
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def List(  # noqa: N802
+        self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.ListPodResourcesResponse:
         return self._owner.list_response()
 
-    def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def GetAllocatableResources(  # noqa: N802
+        self, request: pb.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.AllocatableResourcesResponse:
         return self._owner.allocatable_response()
 
 

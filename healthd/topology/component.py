@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+import grpc
+
 from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import in_daemon_thread
@@ -25,10 +27,10 @@ from healthd.topology.service import TopologyService
 SERVICE_NAME = "xpu.runtime.v1.Topology"
 
 
-def _add_topology(servicer: object, server: object) -> None:
+def _add_topology(servicer: TopologyService, server: grpc.aio.Server) -> None:
     from healthd.api.v1 import topology_pb2_grpc
 
-    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)
 
 
 class TopologyComponent(ComponentBase):
