@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 from bench.common import BenchArgs, Row, median, percentile  # noqa: E402
 from bench.scenarios import scaled  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
-from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
+from exporter.sampler import Sampler, SamplerSettings  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
 from healthd.daemon.health import HealthComponent  # noqa: E402
@@ -95,7 +95,7 @@ class xid_injector:  # noqa: N801 - used like a function
     def __init__(self, health: HealthComponent, gpus: int = 8) -> None:
         self._sim = SimulatedBackend(scaled(gpus))
         self._sim.open()
-        self._sampler = Sampler(self._sim, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        self._sampler = Sampler(self._sim, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         self._sampler.run_once()  # the watcher maps driver events to cards through the inventory
         catalog = load_catalog()
         self._codes = action_xids(catalog)

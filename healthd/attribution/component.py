@@ -1,6 +1,7 @@
 """The attribution component: PID -> cgroup -> container/pod (resolver, kubelet log index, pod-resources client,
 attributor) and the process and pod collectors. The paths come from the host view, so on a simulated node the
-real readers read the simulated node's files."""
+real readers read the simulated node's files. It answers the node's pod questions (whether kubelet lists a pod,
+who holds each device) for the partition owner checks, whatever the metrics settings say."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
-from exporter.snapshot import Snapshot
+from exporter.settings import option
+from healthd.component import ComponentBase
 from healthd.host.view import HostView
-from healthd.rpc.server import Service
-from healthd.settings import option
+from healthd.node import Node
 
 log = structlog.get_logger("attribution")
 
@@ -36,24 +37,19 @@ class AttributionSettings:
     refresh_interval_seconds: float = option(10.0, min=0.5, max=3600)
 
 
-class AttributionComponent:
+class AttributionComponent(ComponentBase):
     name = "attribution"
 
     def __init__(self, settings: AttributionSettings, host: HostView, sampler: Sampler) -> None:
         self.settings = settings
         self.enabled = settings.process_metrics or settings.pod_metrics
-        self.host = host
         # the pod-resources client serves the partition owners' checks too, whatever the metrics settings say
         self.kubelet = KubeletPodResources(host.kubelet_socket, refresh_interval=settings.refresh_interval_seconds)
         self.attributor = Attributor(
             ProcResolver(host.proc_root), pod_index=PodLogIndex(host.pod_logs_root), kubelet=self.kubelet
         )
         if self.enabled:
-            sampler.subscribe(self._attribute, "attribution")
-
-    def _attribute(self, snapshot: Snapshot) -> None:
-        self.host.sync(snapshot)  # first: the simulated node's new processes exist when the attributor looks
-        self.attributor.update(snapshot)
+            sampler.subscribe(self.attributor.update, "attribution")
 
     def collectors(self) -> Sequence[Collector]:
         out: list[Collector] = []
@@ -63,14 +59,15 @@ class AttributionComponent:
             out.append(PodCollector(self.attributor.latest))
         return out
 
-    def services(self) -> Sequence[Service]:
-        return ()
-
     async def start(self) -> None:
-        await in_daemon_thread(self.host.start)
         await in_daemon_thread(self.kubelet.refresh)  # a first answer before the first scrape; then in the background
         self.kubelet.start()
 
     async def stop(self) -> None:
         await in_daemon_thread(self.kubelet.stop)
-        await in_daemon_thread(self.host.stop)
+
+
+def build(node: Node) -> AttributionComponent:
+    component = AttributionComponent(node.settings(AttributionSettings), node.host, node.sampler)
+    node.answer(pods=component.kubelet, attribution=component.attributor.latest)
+    return component

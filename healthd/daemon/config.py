@@ -1,5 +1,5 @@
 """The daemon's configuration: one TOML file of sections, each read into the settings class its subsystem declares
-(healthd/settings.py does the reading), with command-line flags on top. This module only composes the sections."""
+(exporter/settings.py does the reading), with command-line flags on top. This module only composes the sections."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from exporter.http import parse_listen_address
+from exporter.sampler import SamplerSettings
+from exporter.settings import ConfigError, check_keys, option, parse_section
+from exporter.topology.settings import TopologySettings
 from healthd.attribution.component import AttributionSettings
-from healthd.daemon.device import SamplerSettings
-from healthd.daemon.metrics import ExporterSettings
+from healthd.daemon.cards import ExporterSettings
 from healthd.faults.settings import FaultsSettings, HookSettings, load_hook_tls
 from healthd.host.view import HostSettings
 from healthd.partition.settings import PartitionSettings
 from healthd.probes import HealthSettings, parse_health
 from healthd.rpc.addresses import check_grpc_addresses, default_grpc_listen, default_runtime_dir
 from healthd.rpc.transport import TransportSettings, is_tcp, load_grpc_tls, load_metrics_web_config
-from healthd.settings import ConfigError, check_keys, option, parse_section
-from healthd.topology.component import TopologySettings
 
 __all__ = ["DEFAULT_CONFIG_PATH", "Config", "ConfigError", "load_config", "parse_config", "with_overrides"]
 

@@ -1,5 +1,6 @@
 """The health component: the fault pipeline (journal, engine, hook dispatcher, Health service, the engine's tick)
-and, on a node, the two sources of findings that feed it: the probes over every Snapshot and the XID watcher."""
+and, on a node, the two sources of findings that feed it: the probes over every Snapshot and the XID watcher. It
+answers the node's fault questions: the active faults and check results as committed, and the write backlogs."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import SerialExecutor, in_daemon_thread
 from exporter.sampler import Sampler
+from healthd.component import ComponentBase
 from healthd.faults import service as health_service
-from healthd.faults.engine import FaultEngine
+from healthd.faults.engine import CheckState, FaultEngine
 from healthd.faults.escalation import read_boot_id
+from healthd.faults.fault import Fault
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
 from healthd.faults.notify import CommitSignal
@@ -27,6 +30,7 @@ from healthd.faults.service import HealthService
 from healthd.faults.settings import FaultsSettings, HookSettings
 from healthd.findings import Action
 from healthd.host.view import HostView
+from healthd.node import Node
 from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
@@ -50,7 +54,7 @@ class FindingSources:
     host: HostView
 
 
-class HealthComponent:
+class HealthComponent(ComponentBase):
     """``engine`` is the sink the probe runner and the XID watcher call (``report()``/``event()``), from the loop or
     any thread. Without ``sources`` it is the fault pipeline alone, fed by whoever holds ``engine``."""
 
@@ -107,6 +111,16 @@ class HealthComponent:
             Service(health_service.SERVICE_NAME, self.admin_service, health_service.add_to_server, admin=True),
         ]
 
+    def active_faults(self) -> list[Fault]:
+        return self.engine.active_faults()
+
+    def check_states(self) -> list[CheckState]:
+        return self.engine.check_states()
+
+    def backlogs(self) -> dict[str, int]:
+        """Work queued behind a slow disk or an unreachable hook (the node status shows it)."""
+        return {"hook outbox": sum(self.dispatcher.depth.values()), "journal": self.io.backlog()}
+
     async def start(self) -> None:
         self.signal.attach(asyncio.get_running_loop())
         self.dispatcher.start()
@@ -139,3 +153,13 @@ class HealthComponent:
             except Exception:
                 log.exception("fault engine tick failed")
             await asyncio.sleep(TICK_SECONDS)
+
+
+def build(node: Node) -> HealthComponent:
+    sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host)
+    journal = Journal(node.state_dir / JOURNAL_FILE)
+    component = HealthComponent(
+        journal, node.settings(FaultsSettings), node.settings(HookSettings), sources, clock=node.clock
+    )
+    node.answer(faults=component)
+    return component

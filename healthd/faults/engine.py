@@ -344,16 +344,18 @@ class FaultEngine:
     def _commit(self, changes: list[Change], now: float, touched: Iterable[Fault]) -> list[FaultRecord]:
         """Write the batch (the caller holds ``_commit_lock``, not ``_state``), then publish it to readers."""
         touched = [t for t in touched if all(c.fault.id != t.id for c in changes)]
-        if not changes and not touched:
+        boots = self._escalation.unwritten()  # fatal identities seen in this boot, noted with these records
+        if not changes and not touched and not boots:
             return []
         try:
-            records = self._journal.commit(changes, now, touched=touched)
+            records = self._journal.commit(changes, now, touched=touched, fatal_boots=boots)
         except Exception:
             # the in-memory view ran ahead of the journal: reload it so nothing unjournaled is believed
             active = self._journal.active_faults()
             with self._state:
                 self._reload(active)
             raise
+        self._escalation.written(boots)
         with self._state:
             for fault in touched:
                 self._stored_at[fault.id] = now

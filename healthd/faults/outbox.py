@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 import grpc
 import structlog
 
+from exporter.settings import ConfigError
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
 from healthd.faults.settings import HookSettings, load_hook_tls
 from healthd.rpc.transport import hook_channel, is_tcp
-from healthd.settings import ConfigError
 
 if TYPE_CHECKING:
     from healthd.api.v1.hook_pb2_grpc import ReplacementHookAsyncStub

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.settings import ConfigError, option
 from healthd.rpc.addresses import check_grpc_addresses
 from healthd.rpc.transport import HookClientTls, is_tcp, load_pem_files
-from healthd.settings import ConfigError, option
 
 DAY = 86400.0
 HOOK_ACTIONS = ("restart_app", "reset_gpu", "reboot_node", "replace_node")

@@ -75,7 +75,12 @@ def mig_minors_text() -> str:
 
 
 def simulated_host_devices(root: Path) -> HostDevices:
-    """Write the tables under ``root`` (replacing an earlier run's) and return a reader pointed at them."""
+    """A reader of the tables under ``root`` (``write_driver_tables`` puts them there)."""
+    return HostDevices(root / "proc", root / "dev")
+
+
+def write_driver_tables(root: Path) -> None:
+    """Write the tables under ``root``, replacing an earlier run's."""
     if root.exists():
         shutil.rmtree(root)
     proc = root / "proc"
@@ -83,4 +88,3 @@ def simulated_host_devices(root: Path) -> HostDevices:
     (root / "dev").mkdir()
     (proc / "devices").write_text(PROC_DEVICES)
     (proc / "driver" / "nvidia-caps" / "mig-minors").write_text(mig_minors_text())
-    return HostDevices(proc, root / "dev")

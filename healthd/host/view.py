@@ -6,29 +6,24 @@ takes its paths from here. On a real node they are the ``[host]`` settings. On a
 simulator writes under the state directory (a proc tree and kubelet for its processes and pods, a sysfs tree of its
 PCIe layout, the driver's device tables), so the real readers run unchanged over simulated data, and the host's
 own /proc and /sys, which describe the machine the simulator runs on, are never mistaken for the simulated GPUs.
+Choosing writes nothing: the simulation component (healthd/sim/component.py) writes those files when it starts, first
+of all components.
 
 This module is the one place that asks whether the backend is simulated.
 """
 
 from __future__ import annotations
 
-import shutil
+import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
-from exporter.snapshot import Snapshot
-from exporter.topology.layout import simulated_sysfs
+from exporter.settings import option
 from healthd.host.devices import HostDevices
 from healthd.host.simulated_devices import simulated_host_devices
-from healthd.probes.base import ProbeHost
-from healthd.settings import option
-from healthd.sim.node import SimulatedNode
-
-log = structlog.get_logger("host")
 
 DEFAULT_KMSG = Path("/dev/kmsg")
 SYSTEM_CDI_DIR = Path("/var/run/cdi")
@@ -53,6 +48,25 @@ class HostSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeHost:
+    """What a probe may read of the node besides Snapshots; None where nothing real is there (a simulated node)."""
+
+    proc_root: Path | None = None
+    sysfs_root: Path | None = None
+    state_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedFiles:
+    """Where the simulator writes the node around its GPUs (a simulated node only)."""
+
+    node_root: Path  # proc tree, kubelet log directories and the pod-resources socket (healthd/sim/node.py)
+    sysfs_root: Path  # the scenario's PCIe layout (an empty tree when it has none)
+    driver_root: Path  # the driver's device tables (healthd/host/simulated_devices.py)
+    serve_kubelet: bool  # serve a simulated pod-resources socket (false: a real kubelet or a test double answers)
+
+
+@dataclass(frozen=True, slots=True)
 class HostView:
     proc_root: Path
     sysfs_root: Path
@@ -65,25 +79,12 @@ class HostView:
     mps_control: str  # "nvidia" or "simulated"
     driver_libraries: bool  # whether the driver's user-space libraries can be looked for (never on a simulated node)
     probes: ProbeHost  # what the health probes read
-    node: SimulatedNode | None = None  # the simulated processes and kubelet; None on a real node
-
-    def start(self) -> None:
-        if self.node is not None:
-            self.node.start()
-
-    def stop(self) -> None:
-        if self.node is not None:
-            self.node.stop()
-
-    def sync(self, snapshot: Snapshot) -> None:
-        """Keep the simulated proc tree and kubelet in step with the simulated processes (no-op on a real node)."""
-        if self.node is not None:
-            self.node.sync(snapshot)
+    simulated: SimulatedFiles | None = None  # None on a real node
 
 
 def choose_host(settings: HostSettings, backend: Backend, state_dir: Path) -> HostView:
     if isinstance(backend, SimulatedBackend):
-        return simulated_host(settings, backend, state_dir)
+        return simulated_host(settings, state_dir)
     return real_host(settings, state_dir)
 
 
@@ -103,29 +104,39 @@ def real_host(settings: HostSettings, state_dir: Path) -> HostView:
     )
 
 
-def simulated_host(settings: HostSettings, backend: SimulatedBackend, state_dir: Path) -> HostView:
+def simulated_host(settings: HostSettings, state_dir: Path) -> HostView:
     """The files around the simulated GPUs, under ``state_dir``; real paths only where a setting says so."""
-    node = SimulatedNode(backend, state_dir / "sim-node", serve_kubelet=settings.simulate_kubelet)
-    scenario = backend.scenario
-    sysfs = state_dir / "simulated-sysfs"
-    tree = simulated_sysfs(scenario.extra, [c.pci_bus_id for c in scenario.cards], sysfs)
-    if tree is None:  # no [topology] in the scenario: an empty tree, never the host's /sys with fake GPUs
-        shutil.rmtree(sysfs, ignore_errors=True)
-        sysfs.mkdir(parents=True)
-        tree = sysfs
-    log.info("simulated node", files=str(state_dir), sysfs_root=str(tree))
+    files = SimulatedFiles(
+        node_root=state_dir / "sim-node",
+        sysfs_root=state_dir / "simulated-sysfs",
+        driver_root=state_dir / "simulated-driver",
+        serve_kubelet=settings.simulate_kubelet,
+    )
     return HostView(
-        proc_root=node.proc_root,
-        sysfs_root=tree,
+        proc_root=files.node_root / "proc",
+        sysfs_root=files.sysfs_root,
         # the host's kernel log is not the simulated GPUs'; a kmsg file given explicitly is read (tests feed lines)
         kmsg_path=None if settings.kmsg_path == DEFAULT_KMSG else settings.kmsg_path,
-        kubelet_socket=node.kubelet.socket_path if settings.simulate_kubelet else settings.kubelet_socket,
-        pod_logs_root=node.log_root,
+        kubelet_socket=kubelet_socket_path(files.node_root) if files.serve_kubelet else settings.kubelet_socket,
+        pod_logs_root=files.node_root / "log",
         cgroup_root=settings.cgroup_root,
         cdi_dir=settings.cdi_dir or state_dir / "cdi",
-        devices=simulated_host_devices(state_dir / "simulated-driver"),
+        devices=simulated_host_devices(files.driver_root),
         mps_control="nvidia" if settings.mps_control == "nvidia" else "simulated",
         driver_libraries=False,
         probes=ProbeHost(proc_root=None, sysfs_root=None, state_dir=state_dir),
-        node=node,
+        simulated=files,
     )
+
+
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+def kubelet_socket_path(root: Path) -> Path:
+    """``<root>/kubelet/kubelet.sock``, or a short path under /tmp keyed by ``root`` when that one is too long for
+    a unix socket (deep state directories, e.g. under pytest's tmp)."""
+    path = root / "kubelet" / "kubelet.sock"
+    if len(str(path)) <= UNIX_PATH_MAX:
+        return path
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"xpu-sim-kubelet-{digest}" / "kubelet.sock"

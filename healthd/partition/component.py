@@ -1,5 +1,6 @@
 """The partitions component: manager, reconciler, CDI writer and the Partitions service (reads on the main socket,
-changes on the admin socket). Paths, the driver's device tables and the MPS control come from the host view."""
+changes on the admin socket). Paths, the driver's device tables and the MPS control come from the host view; which
+pods exist, which card to use first and which cards are out of service, from the node's questions."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ import structlog
 from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.snapshot import Snapshot
+from healthd.component import ComponentBase
 from healthd.host.view import HostView
+from healthd.node import Node
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.driverlibs import discover_driver_edits
 from healthd.partition.errors import PartitionError
-from healthd.partition.manager import ManagerSettings, PartitionManager
+from healthd.partition.manager import PartitionManager
 from healthd.partition.metrics import PartitionCollector
+from healthd.partition.model import PartitionRecord
 from healthd.partition.mps import MpsControl, MpsSupervisor, NvidiaMpsControl, SimulatedMpsControl
 from healthd.partition.owners import DeviceHolders, OwnerProbe, PodExists
-from healthd.partition.planner import CardOrder, pick_card
+from healthd.partition.planner import CardOrder, pick_card, topology_aware
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.service import PartitionsService
 from healthd.partition.settings import PartitionSettings
@@ -50,7 +54,7 @@ def mps_control(kind: str) -> MpsControl:
     return SimulatedMpsControl() if kind == "simulated" else NvidiaMpsControl()
 
 
-class PartitionsComponent:
+class PartitionsComponent(ComponentBase):
     name = "partitions"
 
     def __init__(
@@ -84,10 +88,7 @@ class PartitionsComponent:
             self.mps,
             cdi,
             OwnerProbe(cgroup_root=host.cgroup_root, pod_exists=pod_exists, device_holders=device_holders, clock=clock),
-            settings=ManagerSettings(
-                lease_default_seconds=settings.lease_default_seconds,
-                owner_grace_seconds=settings.owner_grace_seconds,
-            ),
+            settings=settings,
             clock=clock,
             order_any=order_any,
             snapshot=snapshot,
@@ -104,6 +105,10 @@ class PartitionsComponent:
 
     def collectors(self) -> Sequence[Collector]:
         return [self.collector]
+
+    def records(self) -> tuple[PartitionRecord, ...]:
+        """Every partition the manager knows (the status page lists them)."""
+        return self.manager.view().partitions
 
     def services(self) -> Sequence[Service]:
         return [
@@ -150,3 +155,22 @@ class PartitionsComponent:
                 await self._retry
         await self.reconciler.stop()
         await self.manager.close()  # closes the store after its queued writes
+
+
+def build(node: Node) -> PartitionsComponent | None:
+    settings = node.settings(PartitionSettings)
+    if not settings.enabled:
+        return None
+    return PartitionsComponent(
+        settings,
+        node.device,
+        node.host,
+        node.state_dir,
+        runtime_dir=node.runtime_dir,
+        snapshot=node.sampler.latest,
+        pod_exists=node.pod_exists,
+        device_holders=node.device_holders,
+        clock=node.clock,
+        order_any=topology_aware(node.first_card),
+        out_of_service=node.out_of_service,
+    )

@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import structlog
 
+from exporter.settings import ConfigError, option
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
-from healthd.settings import ConfigError, option
 
 log = structlog.get_logger("transport")
 

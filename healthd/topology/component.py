@@ -1,11 +1,11 @@
 """The topology component: refresher over the host's sysfs (a simulated tree on a simulated node), the NFD feature
-file, the metrics collector and the Topology gRPC service."""
+file, the metrics collector and the Topology gRPC service. It answers the node's question which card to use first
+(for the partitions' "any" placement)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -16,49 +16,15 @@ from exporter.executor import in_daemon_thread
 from exporter.sampler import Sampler
 from exporter.topology.allocation import AllocationError, preferred_allocation
 from exporter.topology.collector import TopologyCollector
-from exporter.topology.nfd import FeatureFilePublisher, valid_label_value, valid_level_name, valid_namespace
-from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from exporter.topology.nfd import FeatureFilePublisher
+from exporter.topology.refresher import TopologyRefresher
+from exporter.topology.settings import TopologySettings
+from healthd.component import ComponentBase
+from healthd.node import Node
 from healthd.rpc.server import Service
-from healthd.settings import InvalidKeyError, option
 from healthd.topology.service import TopologyService
 
 SERVICE_NAME = "xpu.runtime.v1.Topology"
-DEFAULT_NFD_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/xpu-runtime-kit"
-DEFAULT_LABEL_NAMESPACE = "xpu.feature.node.kubernetes.io"
-
-
-def _feature_file(value: str) -> None:
-    if value and (not value.startswith("/") or Path(value).name.startswith(".")):
-        raise ValueError(f"must be an absolute path to a file not starting with '.', got {value[:200]!r}")
-
-
-def _namespace(value: str) -> None:
-    if not valid_namespace(value):
-        raise ValueError(f"not a DNS subdomain: {value[:200]!r}")
-
-
-def _network(levels: tuple[tuple[str, str], ...]) -> None:
-    for level, value in levels:
-        if not valid_level_name(level):
-            raise InvalidKeyError(level, "level names are lower-case letters, digits and '-'")
-        if not value or not valid_label_value(value):
-            raise InvalidKeyError(
-                level,
-                f"expected a label value (1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends), got {value[:100]!r}",
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class TopologySettings:
-    """[topology]: how often the layout is read, the NFD feature file and the operator's network levels."""
-
-    enabled: bool = True
-    refresh_seconds: float = option(3600.0, min=10, max=7 * 86400)
-    deadline_seconds: float = option(10.0, min=0.1, max=600)
-    # Written only when its directory exists (NFD installed); "" disables.
-    nfd_feature_file: str = option(DEFAULT_NFD_FEATURE_FILE, check=_feature_file)
-    label_namespace: str = option(DEFAULT_LABEL_NAMESPACE, check=_namespace)
-    network: tuple[tuple[str, str], ...] = option((), check=_network)  # e.g. [topology.network] block = "b07"
 
 
 def _add_topology(servicer: TopologyService, server: grpc.aio.Server) -> None:
@@ -67,7 +33,7 @@ def _add_topology(servicer: TopologyService, server: grpc.aio.Server) -> None:
     topology_pb2_grpc.add_TopologyServicer_to_server(servicer, server)
 
 
-class TopologyComponent:
+class TopologyComponent(ComponentBase):
     name = "topology"
 
     def __init__(
@@ -90,14 +56,7 @@ class TopologyComponent:
             settings.label_namespace,
         )
         refresher = self.refresher = TopologyRefresher(
-            device,
-            sampler.latest,
-            RefresherConfig(
-                sysfs_root=str(sysfs_root),
-                deadline_seconds=settings.deadline_seconds,
-                refresh_seconds=settings.refresh_seconds,
-            ),
-            on_update=publisher,
+            device, sampler.latest, settings, sysfs_root=sysfs_root, on_update=publisher
         )
         self._collectors = [TopologyCollector(refresher.latest, refresher.status)]
         self._services = [
@@ -137,3 +96,11 @@ class TopologyComponent:
             return preferred_allocation(topology, 1, pool).gpus[0]
         except AllocationError:
             return None
+
+
+def build(node: Node) -> TopologyComponent:
+    component = TopologyComponent(
+        node.settings(TopologySettings), node.device, node.sampler, node.host.sysfs_root, node.out_of_service
+    )
+    node.answer(placement=component)
+    return component

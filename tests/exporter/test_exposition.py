@@ -31,7 +31,7 @@ from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.exposition import HOT_SECONDS, ExpositionCache, accepts_gzip
 from exporter.http import Health, MetricsHTTPServer
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.sim.node import SimulatedNode
 from tests.support.clock import FakeClock
 
@@ -317,13 +317,12 @@ def busy_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExpositionC
     backend = SimulatedBackend.from_name("h200x8-busy", clock=clock)
     node = SimulatedNode(backend, tmp / "node")
     node.kubelet.socket_path = tmp / "k.sock"
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
     kubelet = KubeletPodResources(node.kubelet.socket_path, refresh_interval=3600)
     attributor = Attributor(ProcResolver(node.proc_root), pod_index=PodLogIndex(node.log_root), kubelet=kubelet)
     node.start()
     try:
         snap = sampler.run_once()
-        node.sync()
         kubelet.refresh()
         attributor.update(snap)
         registry = CollectorRegistry(auto_describe=False)

@@ -20,7 +20,7 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.sim.node import SimulatedNode, container_id, pod_uid
 
@@ -53,12 +53,12 @@ class Node:
         self.backend = SimulatedBackend.from_name("h200x8")
         self.sim = SimulatedNode(self.backend, root / "node")
         self.sim.kubelet.socket_path = Path("/tmp") / f"xpu-ac-{abs(hash(root)) % 10**8}.sock"
-        self.sampler = Sampler(self.backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        self.sampler = Sampler(self.backend, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         self.kubelet = KubeletPodResources(self.sim.kubelet.socket_path, refresh_interval=60)
         self.attributor = Attributor(
             ProcResolver(self.sim.proc_root), pod_index=PodLogIndex(self.sim.log_root), kubelet=self.kubelet
         )
-        self.sampler.subscribe(self._attribute)
+        self.sampler.subscribe(self.attributor.update)  # the simulated node follows the backend by itself
         self.registry = CollectorRegistry(auto_describe=False)
         collectors = [
             ProcessCollector(self.attributor.latest, max_per_gpu=max_per_gpu),
@@ -66,16 +66,12 @@ class Node:
         ]
         self.registry.register(SnapshotExporter(self.sampler.latest, collectors))
 
-    def _attribute(self, snapshot: Snapshot) -> None:
-        self.sim.sync(snapshot)
-        self.attributor.update(snapshot)
-
     def uuid(self, gpu: int) -> str:
         """Process and pod series name their card by uuid only (its index is on xpu_gpu_info)."""
         return self.backend.scenario.cards[gpu].uuid
 
     def cycle(self) -> Series:
-        self.sampler.run_once()  # sim.sync writes new pids, kubelet server sees them
+        self.sampler.run_once()  # the kubelet server answers with the new pods
         assert self.sampler.wait_subscribers()
         self.kubelet.refresh()
         self.sampler.run_once()  # attribution with the fresh allocations
@@ -262,7 +258,7 @@ def test_log_index_names_and_uids_are_consistent(node: Node) -> None:
 
 def test_kubelet_absent_means_no_kubelet_series(tmp_path: Path) -> None:
     backend = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=60))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=60))
     attributor = Attributor(
         ProcResolver(tmp_path / "proc"),
         pod_index=PodLogIndex(tmp_path / "log"),

@@ -13,11 +13,11 @@ from exporter.attribution.kubelet import DeviceAllocation, PodResourcesView
 from exporter.attribution.podlogs import PodLogIndex
 from exporter.attribution.resolver import ProcResolver
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 
 BACKEND = SimulatedBackend.from_name("h200x8")
-_SAMPLER = Sampler(BACKEND, SamplerConfig(interval_seconds=60))
+_SAMPLER = Sampler(BACKEND, SamplerSettings(interval_seconds=60))
 SNAPSHOT: Snapshot = _SAMPLER.run_once()
 _SAMPLER.stop()
 KNOWN = [c.uuid for c in BACKEND.scenario.cards] + [i.uuid for g in SNAPSHOT.gpus for i in g.mig_instances]

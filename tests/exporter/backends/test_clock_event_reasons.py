@@ -22,7 +22,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import ClockEventReason
 from exporter.collectors import SnapshotExporter, default_collectors
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.daemon.status_page import card_problems, render_status_page
 from healthd.probes.throttle import ThrottleProbe
@@ -88,7 +88,7 @@ def _exprs(node: object) -> list[str]:
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     sampler.run_once()
     clock.advance(10)
     snap = sampler.run_once()

@@ -14,10 +14,10 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import CARD_FIELDS, PROF_ACTIVITY, PROF_NVLINK, DcgmCompatCollector
 from exporter.collectors.dcgm_fields import DEFAULT_VERSION, V4_8, V4_10, VERSIONS
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
+from healthd.daemon.cards import CardMetrics
 from healthd.daemon.config import ConfigError, parse_config
-from healthd.daemon.metrics import CardMetrics
 from tests.support.clock import FakeClock
 
 Series = list[tuple[str, dict[str, str], float]]
@@ -70,7 +70,7 @@ BASE_UNITS = {
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    s = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     s.run_once()
     clock.advance(10)
     snap = s.run_once()

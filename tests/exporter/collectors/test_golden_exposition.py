@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,8 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.collectors.dcgm_fields import VERSIONS
-from exporter.sampler import Sampler, SamplerConfig
-from healthd.daemon.metrics import last_xid_per_gpu
+from exporter.sampler import Sampler, SamplerSettings
+from healthd.daemon.cards import last_xid_per_gpu
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
@@ -57,7 +57,7 @@ def node(tmp_path: Path) -> Iterator[tuple[Render, FaultEngine]]:
     """The node after the XID, and a function that renders /metrics with the given collectors."""
     clock = FakeClock(START)
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock)
-    config = SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0)
+    config = SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=2.0)
     sampler = Sampler(backend, config, clock=clock, monotonic=_no_elapsed)
     journal = Journal(tmp_path / "faults.sqlite")
     engine = FaultEngine(journal, FaultsSettings(), boot_id="golden-boot", clock=clock)
@@ -117,7 +117,11 @@ def test_dcgm_series_match_the_golden_file(
     node: tuple[Render, FaultEngine], version: str, request: pytest.FixtureRequest
 ) -> None:
     render, engine = node
-    text = render([DcgmCompatCollector("golden-node", last_xid_per_gpu(engine), version=version)])
+
+    def last_xid() -> Mapping[int, int]:
+        return last_xid_per_gpu(engine.active_faults())
+
+    text = render([DcgmCompatCollector("golden-node", last_xid, version=version)])
     _compare(DCGM_GOLDEN[version], text, request)
 
 

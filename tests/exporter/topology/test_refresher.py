@@ -14,24 +14,25 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import Unsupported
 from exporter.collectors import SnapshotExporter
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.topology.collector import TopologyCollector
 from exporter.topology.layout import LayoutError, simulated_sysfs
 from exporter.topology.model import Link, LinkKind
 from exporter.topology.nfd import FeatureFilePublisher
-from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from exporter.topology.refresher import TopologyRefresher
+from exporter.topology.settings import TopologySettings
 from tests.support.waiting import eventually
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[SimulatedBackend, Sampler, Path]]:
     backend = SimulatedBackend.from_name("h200x8")
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=2.0))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "sys")
     assert root is not None
@@ -41,12 +42,13 @@ def node(tmp_path: Path) -> Iterator[tuple[SimulatedBackend, Sampler, Path]]:
 
 
 def _guarded(backend: Backend, read_seconds: float = 1.0) -> GuardedBackend:
-    return GuardedBackend(DeviceAccess(backend, DeadlineSettings(read_seconds=read_seconds)))
+    return GuardedBackend(DeviceAccess(backend, SamplerSettings(call_deadline_seconds=read_seconds)))
 
 
 def _refresher(backend: SimulatedBackend, sampler: Sampler, root: Path, **kw: float) -> TopologyRefresher:
-    cfg = RefresherConfig(sysfs_root=str(root), deadline_seconds=kw.get("deadline", 5.0))
-    return TopologyRefresher(_guarded(backend, kw.get("call", 1.0)), sampler.latest, cfg, clock=lambda: 1000.0)
+    settings = TopologySettings(deadline_seconds=kw.get("deadline", 5.0))
+    device = _guarded(backend, kw.get("call", 1.0))
+    return TopologyRefresher(device, sampler.latest, settings, sysfs_root=root, clock=lambda: 1000.0)
 
 
 def test_simulated_h200x8_is_an_hgx_board(node: tuple[SimulatedBackend, Sampler, Path]) -> None:
@@ -112,7 +114,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
     from exporter.backends.scenario import load_scenario
 
     backend = _StuckBackend(load_scenario("h200x8"))
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=2.0))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
     assert root is not None
@@ -123,7 +125,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
     assert status.last_error is not None
     assert "timeout" in status.last_error
     backend.release.set()
-    refresher.config = RefresherConfig(sysfs_root=str(root), deadline_seconds=10.0)
+    refresher.settings = TopologySettings(deadline_seconds=10.0)
     assert refresher.refresh() is not None
     assert refresher.status().last_error is None
     refresher.stop()
@@ -132,7 +134,7 @@ def test_whole_collection_deadline(tmp_path: Path) -> None:
 
 def test_no_inventory_yet_is_reported_not_raised(node: tuple[SimulatedBackend, Sampler, Path]) -> None:
     backend, _, root = node
-    refresher = TopologyRefresher(_guarded(backend), lambda: None, RefresherConfig(sysfs_root=str(root)))
+    refresher = TopologyRefresher(_guarded(backend), lambda: None, sysfs_root=root)
     assert refresher.refresh() is None
     assert refresher.status().last_error == "GPU inventory not known yet (no card has answered its inventory call)"
 
@@ -140,7 +142,7 @@ def test_no_inventory_yet_is_reported_not_raised(node: tuple[SimulatedBackend, S
 def test_a_card_stuck_since_start_is_left_out_with_a_warning(tmp_path: Path) -> None:
     backend = SimulatedBackend.from_name("h200x8")
     backend.inject("hang", 5, {"call": "device_info"})
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=0.5, call_deadline_seconds=0.2))
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=0.5, call_deadline_seconds=0.2))
     sampler.run_once()
     root = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
     assert root is not None
@@ -166,8 +168,7 @@ def test_metrics_pass_promtool_and_feature_file_written(
     features = tmp_path / "features.d"
     features.mkdir()
     publisher = FeatureFilePublisher(features / "xpu-runtime-kit", {"block": "b07", "rack": "r12"})
-    cfg = RefresherConfig(sysfs_root=str(root))
-    refresher = TopologyRefresher(_guarded(backend), sampler.latest, cfg, on_update=publisher)
+    refresher = TopologyRefresher(_guarded(backend), sampler.latest, sysfs_root=root, on_update=publisher)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotExporter(sampler.latest, [TopologyCollector(refresher.latest, refresher.status)]))
     before = generate_latest(registry).decode()

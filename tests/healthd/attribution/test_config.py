@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler
-from healthd.attribution.component import AttributionComponent, AttributionSettings
-from healthd.daemon.config import ConfigError, parse_config
-from healthd.host.view import HostSettings, choose_host
+from healthd.attribution import component as attribution
+from healthd.attribution.component import AttributionSettings
+from healthd.daemon.config import Config, ConfigError, parse_config
+from tests.support.node import node_on
 
 
 def test_defaults() -> None:
@@ -95,11 +95,10 @@ def test_any_value_is_accepted_or_rejected_cleanly(section: dict[str, Any]) -> N
     [(True, True, ["process", "pod"]), (False, True, ["pod"]), (True, False, ["process"]), (False, False, [])],
 )
 def test_switches_choose_the_collectors(tmp_path: Path, process: bool, pod: bool, names: list[str]) -> None:
-    backend = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(backend)
-    host = choose_host(HostSettings(), backend, tmp_path)
-    part = AttributionComponent(AttributionSettings(process_metrics=process, pod_metrics=pod), host, sampler)
+    settings = AttributionSettings(process_metrics=process, pod_metrics=pod)
+    node = node_on(SimulatedBackend.from_name("h200x1"), tmp_path / "state", Config(attribution=settings))
+    part = attribution.build(node)
     assert [c.name for c in part.collectors()] == names
     assert part.enabled == (process or pod)
-    assert ("attribution" in [s.name for s in sampler.subscriber_stats()]) == part.enabled
-    sampler.stop()
+    assert ("attribution" in [s.name for s in node.sampler.subscriber_stats()]) == part.enabled
+    node.sampler.stop()

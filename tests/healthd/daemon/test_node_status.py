@@ -9,7 +9,7 @@ import pytest
 from exporter.backends.lanes import HungCall
 from exporter.backends.simulated import SimulatedBackend
 from exporter.health import CardState, Level, stale_after, summarize
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.daemon.status_page import render_status_page
 from tests.support.clock import FakeClock
@@ -19,7 +19,7 @@ STALE = 30.0
 
 @pytest.fixture
 def snap(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5, call_deadline_seconds=2), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=2), clock=clock)
     try:
         return sampler.run_once()
     finally:

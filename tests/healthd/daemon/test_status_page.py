@@ -18,21 +18,21 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.daemon.status_page import render_status_page
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault, new_fault
 from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, Severity
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
-from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings
+from healthd.probes.memory_leak import MemoryLeakProbe
 from tests.support.clock import FakeClock
 from tests.support.daemon_process import DaemonProcess
 from tests.support.faults_helpers import make_engine
 from tests.support.paths import REPO
 
 ROOT = REPO
-CONFIG = SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2)
+CONFIG = SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2)
 IDLE_GPU = 6  # the simulated h200x8 node runs no process on GPU 6
 
 
@@ -181,7 +181,7 @@ def test_data_the_probes_did_not_flag_shows_no_problem(sim: SimulatedBackend, cl
     """2 GiB held with no process is not a problem until the memory_leak probe says so ([health.memory_leak])."""
     engine = make_engine(tmp_path, clock)
     sources = {"checks": engine.check_states, "faults": engine.active_faults}
-    probe = MemoryLeakProbe(MemoryLeakSettings(proc_root=None))
+    probe = MemoryLeakProbe()
     sim.inject("orphan_memory", IDLE_GPU, {"memory_mib": "2048"})
     sampler = Sampler(sim, CONFIG, clock=clock)
     try:
@@ -191,7 +191,7 @@ def test_data_the_probes_did_not_flag_shows_no_problem(sim: SimulatedBackend, cl
         page = Page(text)
         assert page.gpu(IDLE_GPU) == ("ok-row", [("ok", "ok", "")])
         assert page.banner == ("ok", "All 8 GPUs answering, no problems seen")
-        samples = probe.settings.thresholds.orphan_samples
+        samples = probe.settings.orphan_samples
         # the check table says, on hover, what the probe is waiting for
         pending = f"2048 MiB not owned by any listed process in 1 sample(s) in a row; reported after {samples}"
         assert f'title="{pending}"' in text

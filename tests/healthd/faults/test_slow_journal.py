@@ -8,16 +8,17 @@ from the state as of the last commit. bench/slow_journal_bench.py measures the s
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.api.v1 import health_pb2 as pb
 from healthd.api.v1 import health_pb2_grpc as pb_grpc
-from healthd.faults.fault import Fault, FaultRecord
+from healthd.faults.fault import FaultRecord
 from healthd.faults.journal import Change, Journal
 from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.probes.runner import ProbeRunner
@@ -34,18 +35,18 @@ class GatedJournal(Journal):
         self.gate.set()
         self.waiting = 0
 
-    def commit(self, changes: list[Change], at: float, *, touched: Iterable[Fault] = ()) -> list[FaultRecord]:  # type: ignore[override]
+    def commit(self, changes: Sequence[Change], at: float, **kwargs: Any) -> list[FaultRecord]:
         if not self.gate.is_set():
             self.waiting += 1
             self.gate.wait(60)
-        return super().commit(changes, at, touched=touched)
+        return super().commit(changes, at, **kwargs)
 
 
 def test_a_blocked_journal_stalls_neither_sampling_nor_node_health(tmp_path: Path) -> None:
     journal = GatedJournal(tmp_path / "faults.sqlite")
     backend = SimulatedBackend.from_name("h200x8")
     with DaemonThread(tmp_path, tmp_path / "h.sock", journal=journal) as daemon:
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=tmp_path)), daemon.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         try:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from healthd.host.devices import DeviceNode, HostDevices, parse_mig_minors, parse_proc_devices
-from healthd.host.simulated_devices import PROC_DEVICES, mig_minors_text, simulated_host_devices
+from healthd.host.simulated_devices import (
+    PROC_DEVICES,
+    mig_minors_text,
+    simulated_host_devices,
+    write_driver_tables,
+)
 
 # /proc/devices modelled on driver 580 (majors of the H200 node) and on drivers before 545 (nvidia-frontend)
 DEVICES_580 = """Character devices:
@@ -146,6 +151,7 @@ def test_simulated_tables_cover_32_gpus_with_15_instances_of_8_compute_instances
 
 
 def test_simulated_node_gives_mig_partitions_real_looking_caps_nodes(tmp_path: Path) -> None:
+    write_driver_tables(tmp_path / "sim")
     devices = simulated_host_devices(tmp_path / "sim")
     assert parse_proc_devices(PROC_DEVICES)["nvidia-caps"] == 241
     nodes = devices.mig_nodes(6, 1, 0)
@@ -156,5 +162,5 @@ def test_simulated_node_gives_mig_partitions_real_looking_caps_nodes(tmp_path: P
     assert DeviceNode("/dev/nvidia6", 195, 6, 0o666) in nodes
     stale = tmp_path / "sim" / "proc" / "stale"
     stale.write_text("x")
-    simulated_host_devices(tmp_path / "sim")  # a new run starts from fresh tables
+    write_driver_tables(tmp_path / "sim")  # a new run starts from fresh tables
     assert not stale.exists()

@@ -12,10 +12,11 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.component import SERVICE_NAME, add_partitions
-from healthd.partition.manager import ManagerSettings, PartitionManager
+from healthd.partition.manager import PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 from healthd.rpc.server import GrpcServer, Service
@@ -50,7 +51,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         MpsSupervisor(SimulatedMpsControl(), root / "run"),
         CdiWriter(root / "cdi"),
         OwnerProbe(cgroup_root=root / "cg", clock=lambda: 0.0),
-        settings=ManagerSettings(owner_grace_seconds=3600),
+        settings=PartitionSettings(owner_grace_seconds=3600),
         clock=lambda: 0.0,
     )
     admin = GrpcServer(

@@ -13,10 +13,11 @@ from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.findings import Action, FindingKind, GpuRef, Severity
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
+from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.store import Store
 from tests.support.partition_node import Node
 
@@ -62,7 +63,8 @@ def manager(node: Node, faulty: Callable[[], frozenset[int]]) -> PartitionManage
         MpsSupervisor(SimulatedMpsControl(), node.root / "run"),
         CdiWriter(node.cdi_dir),
         OwnerProbe(cgroup_root=node.root / "cgroup", clock=node.clock),
-        settings=ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
+        settings=PartitionSettings(owner_grace_seconds=0.0),
+        destroy_retry_seconds=0.0,
         clock=node.clock,
         out_of_service=faulty,
     )

@@ -16,9 +16,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import SPEC_FILE
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
+from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, State
 from healthd.partition.mps import SimulatedMpsControl
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from tests.support.clock import FakeClock
 from tests.support.partition_node import Node
@@ -44,7 +45,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.busy_pid = 90000
 
     def _start(self) -> PartitionManager:
-        limits = ManagerSettings(owner_grace_seconds=0, destroy_retry_seconds=0, lease_max_seconds=600)
+        limits = PartitionSettings(owner_grace_seconds=0)
         m = self.node.manager(mps=self.mps, settings=limits, new_id=lambda: f"p-{next(self.ids):06d}")
         self.loop.run_until_complete(m.start())
         return m

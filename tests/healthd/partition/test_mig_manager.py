@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
+from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, State
+from healthd.partition.settings import PartitionSettings
 from tests.support.partition_node import Node
 
 LEASE = Owner(OwnerKind.LEASE, holder="test")
@@ -93,7 +94,7 @@ def test_fragmentation_after_deletes_is_reused(make_node: Callable[[str], Node])
 def test_delete_retries_while_in_use(make_node: Callable[[str], Node]) -> None:
     async def go() -> None:
         node = make_node("h200x8")
-        m = await started(node, settings=ManagerSettings(owner_grace_seconds=0, destroy_retry_seconds=0.0))
+        m = await started(node, settings=PartitionSettings(owner_grace_seconds=0))
         await m.set_mode("6", CardMode.MIG)
         p = await m.create(req("6", compute=10))
         assert p.mig is not None
@@ -105,7 +106,7 @@ def test_delete_retries_while_in_use(make_node: Callable[[str], Node]) -> None:
         assert m.get(p.id).state is State.DELETING  # kept, still counted: the instance still holds its slices
         assert len(node.backend.mig_instances(6)) == 1
         # a retrying delete succeeds once the process exits in the middle of the retries
-        m.settings = ManagerSettings(owner_grace_seconds=0, destroy_retry_seconds=30.0)
+        m.destroy_retry_seconds = 30.0
 
         async def exit_later() -> None:
             await asyncio.sleep(0.2)

@@ -10,12 +10,13 @@ import pytest
 from healthd.partition import planner
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
+from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.reconciler import Reconciler
 from healthd.partition.requests import check_owner
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.store import Store
 from tests.support.partition_node import Node
 
@@ -33,7 +34,8 @@ def build(node: Node, kubelet: list[Holders | None]) -> tuple[PartitionManager, 
         MpsSupervisor(SimulatedMpsControl(), node.root / "run"),
         CdiWriter(node.cdi_dir),
         OwnerProbe(cgroup_root=node.root / "cgroup", device_holders=holders, clock=node.clock),
-        settings=ManagerSettings(owner_grace_seconds=60.0, destroy_retry_seconds=0.0),
+        settings=PartitionSettings(owner_grace_seconds=60.0),
+        destroy_retry_seconds=0.0,
         clock=node.clock,
     )
     return manager, Reconciler(manager, 1.0, holders)

@@ -26,7 +26,7 @@ import pytest
 
 from exporter.backends.simulated import SimulatedBackend
 from healthd.host.devices import DeviceNode
-from healthd.host.simulated_devices import gpu_instance_minor, simulated_host_devices
+from healthd.host.simulated_devices import gpu_instance_minor, simulated_host_devices, write_driver_tables
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.driverlibs import builtin_hook_path, discover, driver_edits
 from healthd.partition.manager import CreateRequest, PartitionManager
@@ -114,6 +114,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     assert common.hooks, "xpu-cdi-hook is not installed in this environment"
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
+    write_driver_tables(work / "simulated-driver")
     manager = PartitionManager(
         backend,
         Store(work / "partitions.sqlite"),

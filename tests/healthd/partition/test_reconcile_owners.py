@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings
+from healthd.partition.manager import CreateRequest
 from healthd.partition.model import CardMode, Owner, OwnerKind
 from healthd.partition.mps import MpsError, SimulatedMpsControl
 from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe, process_start_ticks
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import SharingPolicy, shared_daemon_id
 from tests.support.clock import FakeClock
 from tests.support.partition_node import Node
@@ -96,7 +97,7 @@ def test_reclaims_partitions_whose_owner_is_gone(make_node: Callable[[str], Node
 def test_grace_period_protects_new_partitions(make_node: Callable[[str], Node]) -> None:
     async def go() -> None:
         node = make_node("h200x8")
-        m = node.manager(settings=ManagerSettings(owner_grace_seconds=60))
+        m = node.manager(settings=PartitionSettings(owner_grace_seconds=60))
         await m.start()
         await m.set_mode("1", CardMode.TDM)
         (node.root / "cgroup").mkdir()

@@ -15,24 +15,26 @@ import grpc
 import pytest
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
+from exporter.sampler import SamplerSettings
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.component import SERVICE_NAME, add_partitions
 from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.manager import CreateRequest, ManagerSettings, PartitionManager
+from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.mps_spec import MpsDaemonSpec
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.service import PartitionsService
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.store import Store
 from healthd.rpc.server import GrpcServer, Service
 from tests.support.clock import FakeClock
 
-FAST = DeadlineSettings(read_seconds=0.3, change_seconds=0.5, open_seconds=1.0)
+FAST = SamplerSettings(call_deadline_seconds=0.3, change_deadline_seconds=0.5, open_deadline_seconds=1.0)
 LEASE = Owner(OwnerKind.LEASE, holder="test")
 
 
@@ -53,7 +55,9 @@ def make_manager(
         MpsSupervisor(mps or SimulatedMpsControl(), root / "run"),
         CdiWriter(root / "cdi"),
         OwnerProbe(cgroup_root=root / "cgroup", clock=clock),
-        settings=ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0, creating_timeout_seconds=30.0),
+        settings=PartitionSettings(owner_grace_seconds=0.0),
+        destroy_retry_seconds=0.0,
+        creating_timeout_seconds=30.0,
         clock=clock,
     )
 

@@ -12,6 +12,7 @@ from healthd.daemon.config import ConfigError, parse_config
 from healthd.findings import Action
 from healthd.probes import PROBES, HealthSettings, ProbeHost, default_probes, parse_health
 from healthd.probes.configuration import ConfigurationProbe
+from tests.support.probe_node import Node, codes
 
 
 def test_empty_section_gives_the_defaults() -> None:
@@ -27,7 +28,7 @@ def test_every_registered_probe_has_a_section_and_is_built() -> None:
     assert len({p.name for p in probes}) == len(probes)
 
 
-def test_full_section() -> None:
+def test_full_section(h200x8: Node) -> None:
     s = parse_health(
         {
             "ecc": {"correctable_rate_per_hour": 50, "uncorrectable_remap_warn": 100},
@@ -51,7 +52,8 @@ def test_full_section() -> None:
     assert s.xid.overrides[94].action is Action.NONE
     configuration = [p for p in default_probes(s, ProbeHost()) if isinstance(p, ConfigurationProbe)]
     assert len(configuration) == 1
-    assert configuration[0].expected.persistence_mode is None  # "any": not checked
+    # the simulated cards run compute mode default and one has persistence off: "any" leaves that unchecked
+    assert codes(configuration[0].evaluate(h200x8.tick(), 0)) == {"compute_mode_unexpected"}
 
 
 def test_paths_live_in_host_not_health() -> None:

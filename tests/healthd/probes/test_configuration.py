@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from exporter.backends.types import ComputeMode
 from healthd.findings import Action, Severity
-from healthd.probes.configuration import ConfigurationExpectations, ConfigurationProbe
+from healthd.probes.configuration import ConfigurationProbe, Settings
 from tests.support.probe_node import Node, codes, only, status
 
 
@@ -29,11 +28,11 @@ def test_unexpected_compute_mode(h200x8: Node) -> None:
 
 def test_expected_compute_mode_is_configurable(h200x8: Node) -> None:
     h200x8.inject("compute_mode", 2, mode="exclusive_process")
-    probe = ConfigurationProbe(ConfigurationExpectations(compute_mode=ComputeMode.EXCLUSIVE_PROCESS))
+    probe = ConfigurationProbe(Settings(compute_mode="exclusive_process"))
     report = probe.evaluate(h200x8.tick(), h200x8.clock())
     assert codes(report, 2) == set()
     assert codes(report, 0) == {"compute_mode_unexpected"}
-    assert codes(ConfigurationProbe(ConfigurationExpectations(compute_mode=None)).evaluate(h200x8.tick(), 0)) == set()
+    assert codes(ConfigurationProbe(Settings(compute_mode="any")).evaluate(h200x8.tick(), 0)) == set()
 
 
 def test_persistence_off_is_a_warning(h200x8: Node) -> None:
@@ -43,7 +42,7 @@ def test_persistence_off_is_a_warning(h200x8: Node) -> None:
 
 
 def test_pending_mig_and_ecc_changes_reported_after_grace(h200x8: Node) -> None:
-    probe = ConfigurationProbe(ConfigurationExpectations(pending_grace_seconds=60))
+    probe = ConfigurationProbe(Settings(pending_grace_seconds=60))
     h200x8.inject("mig_pending", 0)
     h200x8.inject("ecc_pending", 1)
     assert probe.evaluate(h200x8.tick(), h200x8.clock()).findings == ()  # the partitioner may be mid-switch

@@ -7,9 +7,9 @@ import pytest
 
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.findings import Action, Severity
-from healthd.probes.driver import DriverProbe, DriverSettings, read_module_version, scan_dstate
+from healthd.probes.driver import DriverProbe, Settings, read_module_version, scan_dstate
 from tests.support.clock import FakeClock
 from tests.support.probe_node import Node, codes, only, status
 
@@ -60,7 +60,7 @@ def test_module_version_formats() -> None:
 
 
 def test_healthy_node(h200x8: Node, tmp_path: Path) -> None:
-    probe = DriverProbe(DriverSettings(proc_root=_proc(tmp_path)))
+    probe = DriverProbe(proc_root=_proc(tmp_path))
     report = probe.evaluate(h200x8.tick(), h200x8.clock())
     assert report.findings == ()
     node = next(r for r in report.results if r.gpu is None)
@@ -69,7 +69,7 @@ def test_healthy_node(h200x8: Node, tmp_path: Path) -> None:
 
 
 def test_kernel_module_differs_from_library(h200x8: Node, tmp_path: Path) -> None:
-    probe = DriverProbe(DriverSettings(proc_root=_proc(tmp_path, PROPRIETARY_MODULE)))
+    probe = DriverProbe(proc_root=_proc(tmp_path, PROPRIETARY_MODULE))
     f = only(probe.evaluate(h200x8.tick(), h200x8.clock()), "driver_version_mismatch")
     assert f.gpu is None
     assert (f.severity, f.action) == (Severity.CRITICAL, Action.REBOOT_NODE)
@@ -78,11 +78,11 @@ def test_kernel_module_differs_from_library(h200x8: Node, tmp_path: Path) -> Non
 
 def test_nvml_init_version_mismatch(clock: FakeClock) -> None:
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock, version_mismatch=True)
-    sampler = Sampler(backend, SamplerConfig(5.0, 1.0), clock=clock)
+    sampler = Sampler(backend, SamplerSettings(5.0, 1.0), clock=clock)
     try:
         snap = sampler.run_once()
         assert not snap.backend_up
-        report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snap, clock())
+        report = DriverProbe().evaluate(snap, clock())
         f = only(report, "driver_version_mismatch")
         assert f.action is Action.REBOOT_NODE
         assert "580.142.00" in f.message
@@ -92,7 +92,7 @@ def test_nvml_init_version_mismatch(clock: FakeClock) -> None:
 
 
 def test_gpu_lost_is_fatal_even_though_the_sample_is_stale(h200x8: Node) -> None:
-    probe = DriverProbe(DriverSettings(proc_root=None))
+    probe = DriverProbe()
     h200x8.inject("gpu_lost", 6)
     report = probe.evaluate(h200x8.tick(), h200x8.clock())
     f = only(report, "gpu_lost")
@@ -102,7 +102,7 @@ def test_gpu_lost_is_fatal_even_though_the_sample_is_stale(h200x8: Node) -> None
 
 
 def test_hung_driver_call_warns_then_escalates(node_hang: Node) -> None:
-    probe = DriverProbe(DriverSettings(proc_root=None, hang_after_seconds=60))
+    probe = DriverProbe(Settings(hang_after_seconds=60))
     node_hang.tick()
     node_hang.inject("hang", 2, call="sample")
     first = only(probe.evaluate(node_hang.tick(), node_hang.clock()), "driver_call_timeout")
@@ -118,7 +118,7 @@ def test_hung_driver_call_warns_then_escalates(node_hang: Node) -> None:
 
 def test_recovery_action_field(h200x8: Node) -> None:
     h200x8.inject("remap_pending", 4)  # the simulator sets the recovery action to GPU reset with it
-    f = only(DriverProbe(DriverSettings(proc_root=None)).evaluate(h200x8.tick(), 0), "recovery_action_gpu_reset")
+    f = only(DriverProbe().evaluate(h200x8.tick(), 0), "recovery_action_gpu_reset")
     assert (f.gpu.index if f.gpu else None, f.action) == (4, Action.RESET_GPU)
 
 
@@ -129,7 +129,7 @@ def test_process_stuck_in_the_driver(h200x8: Node, tmp_path: Path) -> None:
     _process(root, 102, "jbd2/sda1-8", "D", wchan="jbd2_journal_commit_transaction")  # D state, not the driver
     _process(root, 103, "python3", "S", wchan="os_acquire_mutex")  # sleeping normally
     assert {p.pid for p in scan_dstate(root)} == {100, 101}
-    probe = DriverProbe(DriverSettings(proc_root=root, dstate_after_seconds=120))
+    probe = DriverProbe(Settings(dstate_after_seconds=120), proc_root=root)
     assert codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == set()  # not yet held long enough
     report = probe.evaluate(h200x8.tick(120), h200x8.clock())
     stuck = only(report, "driver_process_stuck")  # one node-wide condition naming both processes

@@ -4,7 +4,7 @@ import dataclasses
 
 from exporter.backends.types import UNSUPPORTED
 from healthd.findings import Action, Severity
-from healthd.probes.ecc import EccProbe, EccThresholds
+from healthd.probes.ecc import EccProbe, Settings
 from tests.support.probe_node import Node, codes, only, status
 
 
@@ -39,7 +39,7 @@ def test_remap_pending_needs_reset_and_failure_needs_replacement(h200x8: Node) -
 
 
 def test_uncorrectable_remap_count_threshold(h200x8: Node) -> None:
-    probe = EccProbe(EccThresholds(uncorrectable_remap_warn=3))
+    probe = EccProbe(Settings(uncorrectable_remap_warn=3))
     h200x8.inject("remap_pending", 0)
     h200x8.inject("remap_pending", 0)
     assert "ecc_uncorrectable_remaps" not in codes(probe.evaluate(h200x8.tick(), h200x8.clock()))
@@ -49,7 +49,7 @@ def test_uncorrectable_remap_count_threshold(h200x8: Node) -> None:
 
 
 def test_correctable_rate_warns_only_above_threshold(h200x8: Node) -> None:
-    probe = EccProbe(EccThresholds(correctable_rate_per_hour=100))
+    probe = EccProbe(Settings(correctable_rate_per_hour=100))
     probe.evaluate(h200x8.tick(), h200x8.clock())
     # 10 corrected errors every 5 minutes = 120/h, after 10 minutes of history
     found = set()
@@ -64,7 +64,7 @@ def test_correctable_rate_warns_only_above_threshold(h200x8: Node) -> None:
 
 
 def test_short_burst_of_correctable_errors_is_not_extrapolated(h200x8: Node) -> None:
-    probe = EccProbe(EccThresholds(correctable_rate_per_hour=100))
+    probe = EccProbe(Settings(correctable_rate_per_hour=100))
     probe.evaluate(h200x8.tick(), h200x8.clock())
     h200x8.inject("ecc", 0, corrected=12)  # 12 in 5 s would be 8640/h if extrapolated; over 10 min it is 72/h
     assert "ecc_correctable_rate" not in codes(probe.evaluate(h200x8.tick(), h200x8.clock()))

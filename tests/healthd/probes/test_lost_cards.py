@@ -8,10 +8,10 @@ from pathlib import Path
 
 from exporter.backends.scenario import parse_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.findings import Action, Severity
-from healthd.probes.lost_cards import INVENTORY_FILE, LostCardProbe, LostCardSettings, scan_pci_gpus
+from healthd.probes.lost_cards import INVENTORY_FILE, LostCardProbe, Settings, scan_pci_gpus
 from tests.support.clock import FakeClock
 from tests.support.probe_node import Node, codes, only
 
@@ -24,7 +24,7 @@ def _snapshot_without(clock: FakeClock, missing: int) -> Snapshot:
     data["gpus"] = [g for i, g in enumerate(data["gpus"]) if i != missing]
     data["processes"] = [p for p in data.get("processes", []) if p["gpu"] < len(data["gpus"])]
     data["mig_instances"] = [m for m in data.get("mig_instances", []) if m["gpu"] < len(data["gpus"])]
-    sampler = Sampler(SimulatedBackend(parse_scenario(data), clock=clock), SamplerConfig(5.0, 2.0), clock=clock)
+    sampler = Sampler(SimulatedBackend(parse_scenario(data), clock=clock), SamplerSettings(5.0, 2.0), clock=clock)
     try:
         return sampler.run_once()
     finally:
@@ -54,7 +54,7 @@ def _sysfs(tmp_path: Path, gpus: dict[str, str], extra: dict[str, tuple[str, str
 
 
 def test_learns_the_count_once_and_persists_it(h200x8: Node, tmp_path: Path) -> None:
-    probe = LostCardProbe(LostCardSettings(state_dir=tmp_path, sysfs_root=None))
+    probe = LostCardProbe(state_dir=tmp_path)
     report = probe.evaluate(h200x8.tick(), h200x8.clock())
     assert report.findings == ()
     assert str(report.results[0].status) == "ok"
@@ -67,9 +67,9 @@ def test_learns_the_count_once_and_persists_it(h200x8: Node, tmp_path: Path) -> 
 def test_card_missing_after_restart_is_found_from_the_learned_count(
     h200x8: Node, clock: FakeClock, tmp_path: Path
 ) -> None:
-    LostCardProbe(LostCardSettings(state_dir=tmp_path, sysfs_root=None)).evaluate(h200x8.tick(), clock())
+    LostCardProbe(state_dir=tmp_path).evaluate(h200x8.tick(), clock())
     lost_uuid = h200x8.backend.scenario.cards[3].uuid
-    restarted = LostCardProbe(LostCardSettings(state_dir=tmp_path, sysfs_root=None))  # a new daemon process
+    restarted = LostCardProbe(state_dir=tmp_path)  # a new daemon process
     report = restarted.evaluate(_snapshot_without(clock, 3), clock())
     f = only(report, "gpu_count_low")
     assert (f.severity, f.action) == (Severity.CRITICAL, Action.REBOOT_NODE)
@@ -81,7 +81,7 @@ def test_card_missing_after_restart_is_found_from_the_learned_count(
 
 
 def test_configured_count_wins(h200x8: Node, tmp_path: Path) -> None:
-    probe = LostCardProbe(LostCardSettings(expected_count=9, state_dir=tmp_path, sysfs_root=None))
+    probe = LostCardProbe(Settings(expected_gpus=9), state_dir=tmp_path)
     f = only(probe.evaluate(h200x8.tick(), h200x8.clock()), "gpu_count_low")
     assert f.evidence["source"] == "configured"
     assert not (tmp_path / INVENTORY_FILE).exists()
@@ -89,7 +89,7 @@ def test_configured_count_wins(h200x8: Node, tmp_path: Path) -> None:
 
 def test_damaged_state_file_is_not_relearned(h200x8: Node, tmp_path: Path) -> None:
     (tmp_path / INVENTORY_FILE).write_text("{not json")
-    report = LostCardProbe(LostCardSettings(state_dir=tmp_path, sysfs_root=None)).evaluate(h200x8.tick(), 0)
+    report = LostCardProbe(state_dir=tmp_path).evaluate(h200x8.tick(), 0)
     assert report.findings == ()
     assert str(report.results[0].status) == "unknown"
     assert "remove it" in report.results[0].detail
@@ -107,7 +107,7 @@ def test_pci_scan_finds_gpus_only(tmp_path: Path) -> None:
 
 def test_gpu_on_the_bus_that_nvml_does_not_list(h200x8: Node, tmp_path: Path) -> None:
     root = _sysfs(tmp_path, {**dict.fromkeys(H200X8_BUS_IDS, "nvidia"), "e1": "", "e2": "vfio-pci"})
-    report = LostCardProbe(LostCardSettings(sysfs_root=root)).evaluate(h200x8.tick(), h200x8.clock())
+    report = LostCardProbe(sysfs_root=root).evaluate(h200x8.tick(), h200x8.clock())
     f = only(report, "gpu_not_visible")  # e1 has no driver; e2 is passed through to a VM on purpose
     assert f.evidence["pci_bus_id"] == "0000:e1:00"
     assert "no driver" in f.message
@@ -116,12 +116,12 @@ def test_gpu_on_the_bus_that_nvml_does_not_list(h200x8: Node, tmp_path: Path) ->
 
 def test_all_gpus_visible(h200x8: Node, tmp_path: Path) -> None:
     root = _sysfs(tmp_path, dict.fromkeys(H200X8_BUS_IDS, "nvidia"))
-    report = LostCardProbe(LostCardSettings(sysfs_root=root)).evaluate(h200x8.tick(), h200x8.clock())
+    report = LostCardProbe(sysfs_root=root).evaluate(h200x8.tick(), h200x8.clock())
     assert codes(report) == set()
     assert str(report.results[0].status) == "ok"
 
 
 def test_nothing_known_is_unknown_not_ok(h200x8: Node) -> None:
-    report = LostCardProbe(LostCardSettings(sysfs_root=None)).evaluate(h200x8.tick(), h200x8.clock())
+    report = LostCardProbe().evaluate(h200x8.tick(), h200x8.clock())
     assert report.findings == ()
     assert str(report.results[0].status) == "unknown"

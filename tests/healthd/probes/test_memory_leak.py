@@ -5,7 +5,7 @@ from pathlib import Path
 from exporter.backends.errors import BackendError
 from exporter.backends.types import GpuProcess
 from healthd.findings import Action, Severity
-from healthd.probes.memory_leak import MemoryLeakProbe, MemoryLeakSettings, MemoryLeakThresholds
+from healthd.probes.memory_leak import MemoryLeakProbe, Settings
 from tests.support.probe_node import Node, codes, only, status
 
 
@@ -22,7 +22,7 @@ def _proc_for(node: Node, tmp_path: Path, *, without: tuple[int, ...] = ()) -> P
 
 
 def _probe(proc: Path | None, **thresholds: int | float) -> MemoryLeakProbe:
-    return MemoryLeakProbe(MemoryLeakSettings(proc_root=proc, thresholds=MemoryLeakThresholds(**thresholds)))
+    return MemoryLeakProbe(Settings(**thresholds), proc_root=proc)  # type: ignore[arg-type]
 
 
 def test_busy_node_without_leaks(h200x8: Node, tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_listed_process_that_no_longer_exists(h200x8: Node, tmp_path: Path) -> N
 
 
 def test_steady_growth_of_one_process_warns(h200x1: Node) -> None:
-    probe = _probe(None, growth_window_seconds=600, growth_min_bytes=2**30, growth_min_samples=5)
+    probe = _probe(None, growth_window_seconds=600, growth_min_mib=1024, growth_min_samples=5)
     report = None
     for i in range(12):  # +256 MiB a minute for 11 minutes
         if i:
@@ -87,7 +87,7 @@ def test_steady_growth_of_one_process_warns(h200x1: Node) -> None:
 
 
 def test_growth_that_plateaus_or_shrinks_does_not_warn(h200x1: Node) -> None:
-    probe = _probe(None, growth_window_seconds=600, growth_min_bytes=2**30, growth_min_samples=5)
+    probe = _probe(None, growth_window_seconds=600, growth_min_mib=1024, growth_min_samples=5)
     sizes = [1024, 4096, 8192, 8192, 2048] + [8192] * 20  # allocator warm-up, a free, then a plateau
     for i, size in enumerate(sizes):
         if i:

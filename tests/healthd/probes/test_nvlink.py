@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from healthd.findings import Action, Severity
-from healthd.probes.nvlink import NvLinkProbe, NvLinkThresholds
+from healthd.probes.nvlink import NvLinkProbe, Settings
 from tests.support.probe_node import Node, codes, only, status
 
 
@@ -59,7 +59,7 @@ def test_card_with_no_link_ever_up_is_a_warning(h200x8: Node) -> None:
 
 
 def test_replay_and_recovery_increments_are_held_then_clear(h200x8: Node) -> None:
-    probe = NvLinkProbe(NvLinkThresholds(error_hold_seconds=60))
+    probe = NvLinkProbe(Settings(error_hold_seconds=60))
     probe.evaluate(h200x8.tick(), h200x8.clock())
     h200x8.inject("nvlink_errors", 0, link=3, replay=2, recovery=1)
     report = probe.evaluate(h200x8.tick(), h200x8.clock())

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.core import Metric
 
 import healthd.probes
+from exporter.settings import option
 from exporter.snapshot import Snapshot
 from healthd.daemon.config import ConfigError, parse_config
 from healthd.faults.metrics import FaultMetricsCollector
@@ -18,7 +19,6 @@ from healthd.findings import Action, Finding, ProbeReport, Severity
 from healthd.probes import PROBES, ProbeHost, default_probes
 from healthd.probes.common import ReportBuilder, gpu_ref
 from healthd.probes.runner import ProbeRunner
-from healthd.settings import option
 from tests.support.faults_helpers import SETTINGS, make_engine
 from tests.support.probe_node import Node
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import grpc
 
+from exporter.sampler import SamplerSettings
+from exporter.topology.settings import TopologySettings
 from healthd.api.v1 import topology_pb2 as pb
 from healthd.api.v1 import topology_pb2_grpc as pb_grpc
 from healthd.daemon.config import Config, with_overrides
 from healthd.daemon.daemon import Daemon
-from healthd.daemon.device import SamplerSettings
-from healthd.topology.component import TopologySettings
 
 
 def test_daemon_serves_topology(tmp_path: Path) -> None:
@@ -66,19 +66,17 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 
 
 def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) -> None:
-    from exporter.backends.guarded import GuardedBackend
-    from exporter.backends.lanes import DeadlineSettings, DeviceAccess
     from exporter.backends.simulated import SimulatedBackend
-    from exporter.sampler import Sampler
-    from healthd.host.view import HostSettings, choose_host
-    from healthd.topology.component import TopologyComponent
+    from healthd.sim import component as simulation
+    from healthd.topology import component as topology
+    from tests.support.node import node_on
 
-    backend = SimulatedBackend.from_name("h200x1")
-    host = choose_host(HostSettings(), backend, tmp_path / "state")  # the host view, as the daemon chooses it
-    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
-    sampler = Sampler(device)
-    sampler.run_once()
-    part = TopologyComponent(TopologySettings(), device, sampler, host.sysfs_root)
+    node = node_on(SimulatedBackend.from_name("h200x1"), tmp_path / "state")  # the host view, as the daemon has it
+    machine = simulation.build(node).machine
+    assert machine is not None
+    machine.start()  # the simulated node's files, as its component writes them first
+    node.sampler.run_once()
+    part = topology.build(node)
     assert part.refresher is not None
     t = part.refresher.refresh()
     assert t is not None
@@ -86,5 +84,6 @@ def test_simulated_node_without_layout_never_reads_host_sysfs(tmp_path: Path) ->
     assert t.nics == ()
     assert t.gpus[0].location.numa_node is None
     assert "GPU 0: PCI device" in t.warnings[0]
-    sampler.stop()
-    device.access.shutdown(1.0)
+    machine.stop()
+    node.sampler.stop()
+    node.device.access.shutdown(1.0)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from exporter.topology.nfd import FeatureFilePublisher, node_labels, render_feature_file, write_feature_file
+from exporter.topology.settings import TopologySettings
 from healthd.daemon.config import ConfigError, parse_config
-from healthd.topology.component import TopologySettings
 from tests.support.topology_fixtures import fixture_topology
 
 NS = "xpu.feature.node.kubernetes.io"

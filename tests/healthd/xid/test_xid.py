@@ -11,7 +11,7 @@ from exporter.snapshot import Snapshot
 from healthd.findings import Action, Finding, Severity
 from healthd.xid.catalog import CatalogError, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_record
-from healthd.xid.watcher import XidTiming, XidWatcher
+from healthd.xid.watcher import XidSettings, XidWatcher
 from tests.support.clock import FakeClock
 from tests.support.paths import FIXTURES
 from tests.support.probe_node import Node
@@ -72,7 +72,7 @@ def test_kmsg_first_then_nvml_also_counts_once(h200x8: Node) -> None:
 
 def test_a_burst_is_one_finding_per_window(h200x8: Node) -> None:
     sink = Sink()
-    watcher = _watcher(h200x8, sink, h200x8.tick(), settings=XidTiming(merge_window_seconds=10))
+    watcher = _watcher(h200x8, sink, h200x8.tick(), settings=XidSettings(merge_window_seconds=10))
     for _ in range(100):
         h200x8.inject("xid", 2, code=95)
         watcher.on_device_event(_next_event(h200x8))  # type: ignore[arg-type]
@@ -165,8 +165,9 @@ def test_threads_end_to_end(clock: FakeClock, tmp_path: Path) -> None:
         sink,
         clock,
         lambda: snap,
-        XidTiming(nvml_wait_seconds=0.05, kmsg_poll_seconds=0.01),
         kmsg_from_start=True,
+        nvml_wait_seconds=0.05,
+        kmsg_poll_seconds=0.01,
     )
     watcher.start()
     try:
@@ -185,7 +186,7 @@ def test_threads_end_to_end(clock: FakeClock, tmp_path: Path) -> None:
 
 def test_event_loop_backs_off_while_the_driver_is_down(clock: FakeClock) -> None:
     node = Node("h200x1", clock)  # never opened: wait_event raises DriverUnavailableError
-    watcher = XidWatcher(node.backend, None, load_catalog(), Sink(), clock, settings=XidTiming(nvml_retry_seconds=0.01))
+    watcher = XidWatcher(node.backend, None, load_catalog(), Sink(), clock, nvml_retry_seconds=0.01)
     watcher.start()
     try:
         deadline = time.monotonic() + 10

@@ -5,6 +5,12 @@ a nested settings dataclass for a sub-table); its default is the default; ``opti
 choices, "must be absolute" and a check of its own. Types, bounds and defaults are written once, where the code
 that uses them lives, and every message names the option (``section.key: ...``).
 
+A settings class is both its TOML table and the configuration its code runs with (the sampler, the topology
+refresher, each probe take theirs as is), so nothing translates one class into another. Bounds are checked here,
+when a table is read; a class built in code is taken as given, like any dataclass. Knobs that are no option (a
+proc root, a state directory, a clock) are constructor arguments of the code, not fields. This module imports
+nothing of the project, so ``exporter`` and ``healthd`` declare sections alike.
+
 A settings class may define ``check(self) -> None`` for rules across its fields; it raises ConfigError.
 """
 
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+OPTION = "xpu-runtime-kit.option"  # the metadata key option() sets
 
 
 class ConfigError(ValueError):
@@ -50,12 +57,17 @@ def option(
     ValueError with the reason; ``parse(raw, name)`` reads a value no plain type describes (raising ConfigError);
     ``lower`` lower-cases a string before the choices are checked."""
     meta = {
-        "min": min, "max": max, "above": above, "choices": choices, "absolute": absolute, "check": check,
-        "parse": parse, "lower": lower,
+        OPTION: True, "min": min, "max": max, "above": above, "choices": choices, "absolute": absolute,
+        "check": check, "parse": parse, "lower": lower,
     }  # fmt: skip
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def is_option(f: dataclasses.Field[Any]) -> bool:
+    """Whether a dataclass field was declared with ``option()`` (a settings class's field)."""
+    return bool(f.metadata.get(OPTION))
 
 
 def known_keys(cls: type) -> list[str]:
