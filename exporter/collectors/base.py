@@ -1,8 +1,10 @@
 """Collector protocol and the adapter that serves collectors to prometheus_client.
 
-Collectors are plain objects with a name and one method that turns the latest Snapshot into fresh metric
-families. They never call the backend. They run once per Snapshot, when the exposition cache renders /metrics
-(exporter/exposition.py), not once per scrape.
+Collectors are plain objects with a name and ``collect(snapshot, now)``, which turns the Snapshot it is handed into
+metric families. They never call the backend. The daemon runs them once per Snapshot, when the exposition cache
+renders /metrics (exporter/exposition.py through exporter/collectors/render.py), not once per scrape; most also
+``write`` their series straight to that render (exporter/collectors/series.py) and build no families there.
+``SnapshotExporter`` serves any of them to prometheus_client (the golden file, tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ GPU_LABELS = ("gpu", "uuid")
 
 def gpu_label_values(gpu: GpuSnapshot) -> list[str]:
     return [str(gpu.index), gpu.uuid]
+
+
+def gpu_labels(gpu: GpuSnapshot) -> tuple[str, str]:
+    """The values of GPU_LABELS for one card."""
+    return str(gpu.index), gpu.uuid
 
 
 class Collector(Protocol):
