@@ -2,19 +2,21 @@
 
 ``publish(snapshot)`` (a sampler subscriber) renders the Snapshot it is handed (the body is a function of that
 Snapshot and of the collectors' own state, never of what the sampler holds by the time it runs) and encodes the
-formats scrapers will ask for before the next Snapshot. Each format asked for is tracked with the time of its
-last request and the time between requests. Until that rhythm is learned (a new format, a new or restarted
-Prometheus, an HA replica joining, a request the rhythm did not foresee), the format is rendered at every publish
-while it is asked for at all; once the rhythm has foreseen ``SETTLE_REQUESTS`` requests in a row, only the Snapshot
-before each expected request is rendered: with Prometheus every 15 s and a 5 s interval, one Snapshot in three.
-``expect`` names formats treated as asked for at start (the daemon gives Prometheus' own), so the first scrape of a
-freshly started daemon is served too. Each body is encoded, and gzip-compressed when asked for with gzip, at most
-once per render.
+formats scrapers will ask for before the next Snapshot. Each scraper (a client host asking for one format) is
+tracked with the time of its last request and the time between its requests. Until its rhythm is learned (a new
+scraper, a restarted one, one that missed its expected request, a request the rhythm did not foresee) its format
+is rendered at every publish while it asks at all; once its rhythm has foreseen ``SETTLE_REQUESTS`` requests in a
+row, only the Snapshot before each request it is expected to make is: with Prometheus every 15 s and a 5 s
+interval, one Snapshot in three (and one in three per replica of an HA pair). ``expect`` names formats treated as
+asked for at start (the daemon gives Prometheus' own), so the first scrape of a freshly started daemon is served
+too. Each body is encoded, and gzip-compressed when asked for with gzip, at most once per render.
 
-A request the rhythm did not foresee, finding no body of its format for the latest Snapshot, gets the latest body
-made in that format when there is one from the last ``max_age`` plus one period and the sampler is publishing (the
-values are then one rhythm old, once); otherwise, and for ``name[]`` selections, it is made on the request's thread
-from the latest render, or rendered there when there is none. While no one scrapes, nothing is rendered.
+A request its rhythm did not foresee, finding no body of its format for the latest Snapshot (a scraper arriving
+at a new phase: an HA replica joining, a restarted Prometheus), gets the latest body made in that format when it
+is no older than ``max_age`` plus one period and the sampler is publishing: its values are then one rhythm old,
+once. Otherwise, and for ``name[]`` selections, the body is made on the request's thread from the latest render,
+or rendered there when there is none (a format no one asked for in the last ``HOT_SECONDS``). While a publish
+renders, scrapes are served the render before. While no one scrapes, nothing is rendered.
 
 Text 0.0.4 and OpenMetrics 1.0.0 are written by exporter/encoding.py from the render's sections (prometheus_client's
 bytes); any other format the Accept header asks for by prometheus_client's own encoder.
@@ -38,8 +40,8 @@ from prometheus_client.metrics_core import Metric
 from exporter.encoding import Collectable, MetricLines, Rendered, Replay, encode_sections, select_sections
 from exporter.snapshot import Snapshot
 
-HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its periods) is forgotten
-MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape
+HOT_SECONDS = 120.0  # a scraper not heard from in this long (and in 3 of its periods) is forgotten
+MAX_SCRAPERS = 16  # (client host, format) pairs whose rhythm is kept; beyond that encoded per scrape
 GZIP_LEVEL = 5
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
@@ -49,6 +51,7 @@ PROMETHEUS_FORMATS = ((OPENMETRICS, True),)  # what Prometheus, its agents and t
 
 Encoder = Callable[[Rendered], bytes]
 Format = tuple[str, bool]  # (content type, gzip)
+ScraperKey = tuple[str, str, bool]  # (client host, content type, gzip); host "" for a format expected at start
 
 
 @runtime_checkable
@@ -97,10 +100,10 @@ class RegistryRenderer:
 class _Exposition:
     """One render: its sections and the bodies made from them, each made once."""
 
-    def __init__(self, rendered: Rendered, made_at: float, expected: frozenset[Format] = frozenset()) -> None:
+    def __init__(self, rendered: Rendered, made_at: float, expected: frozenset[ScraperKey] = frozenset()) -> None:
         self.rendered = rendered
         self.made_at = made_at
-        self.expected = expected  # formats the rhythm expected a request for when it was rendered
+        self.expected = expected  # scrapers whose rhythm expected them to read this render
         self._bodies: dict[Format, bytes] = {}
         self._lock = threading.Lock()
 
@@ -123,15 +126,15 @@ class _Exposition:
 
 
 @dataclass
-class _Asked:
-    """One format scrapers ask for: when they last did, how often they do, and whether that rhythm is learned."""
+class _Scraper:
+    """One scraper (a client host) asking for one format: when it last did, how often it does, and whether that
+    rhythm is learned."""
 
+    format: Format
     encoder: Encoder
     last: float  # monotonic time of the last request
     period: float | None = None  # smoothed time between requests; None until the second one
     foreseen: int = 0  # requests in a row served a render the rhythm expected them to read
-    body: bytes = b""  # the latest body made in this format, and when its render was made
-    body_made_at: float = float("-inf")
 
     def seen(self, now: float) -> None:
         gap = now - self.last
@@ -232,8 +235,11 @@ class ExpositionCache:
         self._published_at = float("-inf")
         self._current: _Exposition | None = None
         self._outdated = True  # a Snapshot came that _current does not show
+        self._latest: dict[Format, tuple[bytes, float]] = {}  # the latest body made in each format, and when
         started = monotonic()
-        self._asked: dict[Format, _Asked] = {key: _Asked(self._fast[key[0]], started) for key in expect}
+        self._scrapers: dict[ScraperKey, _Scraper] = {
+            ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
+        }
         self._render_lock = threading.Lock()  # one render at a time
         self.renders = {"publish": 0, "request": 0}  # how often each side rendered (benchmarks, tests)
 
@@ -249,31 +255,31 @@ class ExpositionCache:
             if snapshot is not None:
                 self._snapshot = snapshot
             self._published_at = now
-            for key in [k for k, a in self._asked.items() if a.forgotten(now)]:
-                del self._asked[key]
-            for asked in self._asked.values():
-                if asked.overdue(now):  # its scraper missed a request (restarting?): learn its rhythm again
-                    asked.foreseen = 0
-            expected = {k for k, a in self._asked.items() if horizon is None or a.expected(now, horizon)}
-            wanted = {k: a for k, a in self._asked.items() if k in expected or not a.settled}
+            for key in [k for k, a in self._scrapers.items() if a.forgotten(now)]:
+                del self._scrapers[key]
+            for scraper in self._scrapers.values():
+                if scraper.overdue(now):  # it missed a request (restarting?): learn its rhythm again
+                    scraper.foreseen = 0
+            expected = {k for k, a in self._scrapers.items() if horizon is None or a.expected(now, horizon)}
+            wanted = {a.format: a.encoder for k, a in self._scrapers.items() if k in expected or not a.settled}
             if not wanted:  # no request expected before the next Snapshot: one that comes anyway, see payload
                 self._outdated = True
                 return
         # while this renders, scrapes are served the render before (the last one serves, see _fresh)
         with self._render_lock:
             exposition = self._render(frozenset(expected), "publish")
-            bodies = {key: exposition.body(asked.encoder, key) for key, asked in wanted.items()}
+            bodies = {key: exposition.body(encoder, key) for key, encoder in wanted.items()}
             with self._lock:
                 self._current, self._outdated = exposition, False
-                for key, body in bodies.items():
-                    if (kept := self._asked.get(key)) is not None:
-                        kept.body, kept.body_made_at = body, exposition.made_at
+                self._latest.update({key: (body, exposition.made_at) for key, body in bodies.items()})
 
     # ----- the scrape side ---------------------------------------------------------------------------------
 
-    def payload(self, accept: str, accept_encoding: str = "", names: Sequence[str] | None = None) -> Payload:
+    def payload(
+        self, accept: str, accept_encoding: str = "", names: Sequence[str] | None = None, client: str = "?"
+    ) -> Payload:
         """The body for one scrape: ``accept``/``accept_encoding`` are the request's headers, ``names`` its
-        ``name[]`` parameters."""
+        ``name[]`` parameters, ``client`` the scraper's host (its rhythm is learned apart from other scrapers')."""
         chosen, content_type = choose_encoder(accept)
         compress = accepts_gzip(accept_encoding)
         encoding = "gzip" if compress else None
@@ -285,36 +291,40 @@ class ExpositionCache:
             else:
                 body = chosen(Replay(restricted(rendered.families(), set(names))))
             return Payload(content_type, _compress(body) if compress else body, encoding)
-        key: Format = (content_type, compress)
+        fmt: Format = (content_type, compress)
+        key: ScraperKey = (client, content_type, compress)
         encoder = self._fast.get(content_type) or _prometheus_client_encoder(chosen)
         now = self._monotonic()
         with self._lock:
-            asked = self._asked.get(key)
-            if asked is None and len(self._asked) < MAX_FORMATS:
-                asked = self._asked[key] = _Asked(encoder, now)
-            elif asked is not None:
-                asked.seen(now)
+            self._scrapers.pop(("", content_type, compress), None)  # the scraper expected at start is here
+            scraper = self._scrapers.get(key)
+            if scraper is None and len(self._scrapers) < MAX_SCRAPERS:
+                scraper = self._scrapers[key] = _Scraper(fmt, encoder, now)
+            elif scraper is not None:
+                scraper.seen(now)
             current, outdated = self._current, self._outdated
-            if current is not None and not outdated and now - current.made_at <= self._max_age and current.has(key):
-                if asked is not None:  # served what publish made: did the rhythm foresee this request?
-                    asked.foreseen = asked.foreseen + 1 if key in current.expected else 0
-                return Payload(content_type, current.body(encoder, key), encoding)
-            if asked is not None:
-                asked.foreseen = 0  # not foreseen: publish renders this format every time until it is
-                if (current is None or outdated) and self._recent(asked, now):
-                    return Payload(content_type, asked.body, encoding)
+            if current is not None and not outdated and now - current.made_at <= self._max_age and current.has(fmt):
+                if scraper is not None:  # served what publish made: did the rhythm foresee this request?
+                    scraper.foreseen = scraper.foreseen + 1 if key in current.expected else 0
+                return Payload(content_type, current.body(encoder, fmt), encoding)
+            if scraper is not None:
+                scraper.foreseen = 0  # not foreseen: publish renders this format every time until it is
+                latest = self._latest.get(fmt)
+                if (current is None or outdated) and latest is not None and self._recent(fmt, latest[1], now):
+                    return Payload(content_type, latest[0], encoding)
         exposition = self._fresh()
-        body = exposition.body(encoder, key)
+        body = exposition.body(encoder, fmt)
         with self._lock:
-            if asked is not None and key in self._asked:
-                asked.body, asked.body_made_at = body, exposition.made_at
+            if scraper is not None:
+                self._latest[fmt] = (body, exposition.made_at)
         return Payload(content_type, body, encoding)
 
-    def _recent(self, asked: _Asked, now: float) -> bool:
-        """Whether a request the rhythm did not foresee may have the format's latest body (called under the lock):
-        the sampler is publishing, and that body is no older than max_age plus one period of the format."""
-        fresh_enough = now - asked.body_made_at <= self._max_age + (asked.period or 0.0)
-        return bool(asked.body) and fresh_enough and now - self._published_at <= self._max_age
+    def _recent(self, fmt: Format, made_at: float, now: float) -> bool:
+        """Whether a request no rhythm foresaw may have its format's latest body, made at ``made_at`` (called under
+        the lock): the sampler is publishing, and that body is no older than max_age plus the longest period of
+        the format's scrapers (the body a settled scraper reads is about that old when the next one is made)."""
+        period = max((a.period or 0.0 for a in self._scrapers.values() if a.format == fmt), default=0.0)
+        return now - made_at <= self._max_age + period and now - self._published_at <= self._max_age
 
     def _fresh(self) -> _Exposition:
         """The render to serve; renders on this thread when there is none, it is outdated (no one was scraping
@@ -338,7 +348,7 @@ class ExpositionCache:
         finally:
             self._render_lock.release()
 
-    def _render(self, expected: frozenset[Format], side: str) -> _Exposition:
+    def _render(self, expected: frozenset[ScraperKey], side: str) -> _Exposition:
         """Called with the render lock held."""
         with self._lock:
             snapshot = self._snapshot

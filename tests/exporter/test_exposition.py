@@ -210,27 +210,34 @@ def test_a_new_scraper_of_a_learned_format_is_served_without_a_render_on_its_req
 ) -> None:
     cache = ExpositionCache(_registry(counting), max_age=10.0, interval=5.0, monotonic=mono)
 
-    def run(seconds: float, phases: tuple[float, ...]) -> list[tuple[float, float]]:
-        """Snapshots every 5 s, a scraper every 15 s at each phase: (request time, time of the Snapshot it read)."""
-        read = []
+    def run(seconds: float, scrapers: dict[str, float]) -> tuple[list[tuple[float, float]], list[float]]:
+        """Snapshots every 5 s, each scraper (host: phase) every 15 s: (request time, time of the Snapshot it read)
+        for every request, and the times of the Snapshots rendered at publish."""
+        read, rendered = [], []
         start = round((mono.now - 1000.0) * 10)
         for tick in range(start, start + round(seconds * 10)):
             mono.now = 1000.0 + tick / 10
             if tick % 50 == 0:
-                counting.value = tick / 10
+                counting.value, calls = tick / 10, counting.calls
                 cache.publish()
-            if any(tick % 150 == round(phase * 10) for phase in phases):
-                body = gzip.decompress(cache.payload(OPENMETRICS, "gzip").body)
-                events = next(line for line in body.split(b"\n") if line.startswith(b"xpu_test_events_total{"))
-                read.append((tick / 10, float(events.split()[-1]) / 3))
-        return read
+                rendered += [tick / 10] if counting.calls > calls else []
+            for host, phase in scrapers.items():
+                if tick % 150 == round(phase * 10):
+                    body = gzip.decompress(cache.payload(OPENMETRICS, "gzip", client=host).body)
+                    events = next(line for line in body.split(b"\n") if line.startswith(b"xpu_test_events_total{"))
+                    read.append((tick / 10, float(events.split()[-1]) / 3))
+        return read, rendered
 
-    run(120.0, (0.3,))  # Prometheus A, learned
+    run(120.0, {"prometheus-a": 0.3})  # learned
     before = dict(cache.renders)
-    read = run(120.0, (0.3, 8.3))  # replica B joins, 8 s after A
+    read, _ = run(120.0, {"prometheus-a": 0.3, "prometheus-b": 12.3})  # its HA replica joins, 12 s later
     assert cache.renders["request"] == before["request"], "no request waited for a render"
-    assert read[1] == (128.3, 120.0), "B's first request: the latest body made in its format (A's, 8 s old)"
+    assert read[1] == (132.3, 120.0), "B's first request: the latest body made in its format (A's, 12 s old)"
     assert all(snapshot == t // 5 * 5 for t, snapshot in read[2:]), "then each request reads the latest Snapshot"
+    _, rendered = run(60.0, {"prometheus-a": 0.3, "prometheus-b": 12.3})
+    assert rendered == [240, 250, 255, 265, 270, 280, 285, 295], (
+        "each replica's rhythm learned apart: the Snapshot each one reads"
+    )
 
 
 def test_publish_renders_the_expected_formats_before_anyone_asked(counting: CountingCollector, mono: FakeClock) -> None:
