@@ -138,7 +138,9 @@ class _Scraper:
 
     def seen(self, now: float) -> None:
         gap = now - self.last
-        if gap >= BURST_GAP:
+        if self.overdue(now):  # back after missing requests (a restart): a new rhythm, not one long gap in the old
+            self.period = None
+        elif gap >= BURST_GAP:
             self.period = gap if self.period is None else self.period + PERIOD_SMOOTHING * (gap - self.period)
         self.last = now
 

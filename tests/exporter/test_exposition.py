@@ -205,38 +205,54 @@ def test_a_burst_that_ended_or_a_scraper_that_stopped_is_rendered_for_until_it_i
     assert renders == [*learning, *learned, *late]
 
 
+def _scrape_for(
+    cache: ExpositionCache, counting: CountingCollector, mono: FakeClock, seconds: float, scrapers: dict[str, float]
+) -> tuple[list[tuple[float, float]], list[float]]:
+    """Snapshots every 5 s, each scraper (host: phase) every 15 s, for ``seconds`` from ``mono``'s time: (request
+    time, time of the Snapshot it read) for every request, and the times of the Snapshots rendered at publish."""
+    read, rendered = [], []
+    start = round((mono.now - 1000.0) * 10)
+    for tick in range(start, start + round(seconds * 10)):
+        mono.now = 1000.0 + tick / 10
+        if tick % 50 == 0:
+            counting.value, calls = tick / 10, counting.calls
+            cache.publish()
+            rendered += [tick / 10] if counting.calls > calls else []
+        for host, phase in scrapers.items():
+            if tick % 150 == round(phase * 10):
+                body = gzip.decompress(cache.payload(OPENMETRICS, "gzip", client=host).body)
+                events = next(line for line in body.split(b"\n") if line.startswith(b"xpu_test_events_total{"))
+                read.append((tick / 10, float(events.split()[-1]) / 3))
+    return read, rendered
+
+
 def test_a_new_scraper_of_a_learned_format_is_served_without_a_render_on_its_request(
     counting: CountingCollector, mono: FakeClock
 ) -> None:
     cache = ExpositionCache(_registry(counting), max_age=10.0, interval=5.0, monotonic=mono)
-
-    def run(seconds: float, scrapers: dict[str, float]) -> tuple[list[tuple[float, float]], list[float]]:
-        """Snapshots every 5 s, each scraper (host: phase) every 15 s: (request time, time of the Snapshot it read)
-        for every request, and the times of the Snapshots rendered at publish."""
-        read, rendered = [], []
-        start = round((mono.now - 1000.0) * 10)
-        for tick in range(start, start + round(seconds * 10)):
-            mono.now = 1000.0 + tick / 10
-            if tick % 50 == 0:
-                counting.value, calls = tick / 10, counting.calls
-                cache.publish()
-                rendered += [tick / 10] if counting.calls > calls else []
-            for host, phase in scrapers.items():
-                if tick % 150 == round(phase * 10):
-                    body = gzip.decompress(cache.payload(OPENMETRICS, "gzip", client=host).body)
-                    events = next(line for line in body.split(b"\n") if line.startswith(b"xpu_test_events_total{"))
-                    read.append((tick / 10, float(events.split()[-1]) / 3))
-        return read, rendered
-
-    run(120.0, {"prometheus-a": 0.3})  # learned
+    _scrape_for(cache, counting, mono, 120.0, {"prometheus-a": 0.3})  # learned
     before = dict(cache.renders)
-    read, _ = run(120.0, {"prometheus-a": 0.3, "prometheus-b": 12.3})  # its HA replica joins, 12 s later
+    both = {"prometheus-a": 0.3, "prometheus-b": 12.3}  # its HA replica joins, 12 s later
+    read, _ = _scrape_for(cache, counting, mono, 120.0, both)
     assert cache.renders["request"] == before["request"], "no request waited for a render"
     assert read[1] == (132.3, 120.0), "B's first request: the latest body made in its format (A's, 12 s old)"
     assert all(snapshot == t // 5 * 5 for t, snapshot in read[2:]), "then each request reads the latest Snapshot"
-    _, rendered = run(60.0, {"prometheus-a": 0.3, "prometheus-b": 12.3})
-    assert rendered == [240, 250, 255, 265, 270, 280, 285, 295], (
-        "each replica's rhythm learned apart: the Snapshot each one reads"
+    _, rendered = _scrape_for(cache, counting, mono, 60.0, both)
+    assert rendered == [240, 250, 255, 265, 270, 280, 285, 295], "each replica's rhythm learned apart"
+
+
+def test_a_restarted_scraper_is_served_at_once_and_its_new_rhythm_learned(
+    counting: CountingCollector, mono: FakeClock
+) -> None:
+    cache = ExpositionCache(_registry(counting), max_age=10.0, interval=5.0, monotonic=mono)
+    _scrape_for(cache, counting, mono, 120.0, {"prometheus": 0.3})
+    _scrape_for(cache, counting, mono, 42.0, {})  # it restarts: 27 s past its due request
+    before = dict(cache.renders)
+    read, rendered = _scrape_for(cache, counting, mono, 100.0, {"prometheus": 3.3})  # back, 168.3 s and on
+    assert cache.renders["request"] == before["request"], "no request waited for a render"
+    assert all(snapshot == t // 5 * 5 for t, snapshot in read), "every request read the latest Snapshot"
+    assert [t for t in rendered if t > 210] == [225, 240, 255], (
+        "its new rhythm learned: the Snapshot before each request"
     )
 
 
