@@ -94,6 +94,7 @@ class Measured:
     burst: list[float] = field(default_factory=list)
     cpu_share: float = float("nan")
     attributed: bool = False
+    slowest: tuple[float, str] = (0.0, "")  # the slowest scrape in the rhythm, and which one it was
 
 
 def _worktree(ref: str, parent: Path) -> Path:
@@ -168,7 +169,7 @@ def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) 
                 scrapers["A"].close()
             else:
                 key, kind = what.split("-")
-                _scrape(scrapers[key], runs, measured, kind, turn, node)
+                _scrape(scrapers[key], runs, measured, kind, turn, node, f"{what} at +{offset:.1f} s")
                 turn += 1
         for _ in range(BURST):
             _scrape(scrapers["A"], runs, measured, "burst", turn, node)
@@ -182,13 +183,16 @@ def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) 
 
 
 def _scrape(
-    scraper: Scraper, runs: dict[str, DaemonRun], measured: dict[str, Measured], kind: str, turn: int, node: Node
-) -> None:
+    scraper: Scraper, runs: dict[str, DaemonRun], measured: dict[str, Measured], kind: str, turn: int, node: Node,
+    label: str = "",
+) -> None:  # fmt: skip
     """One scrape of every daemon, the order swapped every turn."""
     names = list(runs) if turn % 2 == 0 else list(reversed(runs))
     for name in names:
         seconds, body = scraper.get(name, runs[name].port)
         getattr(measured[name], kind).append(seconds)
+        if kind != "burst" and seconds > measured[name].slowest[0]:
+            measured[name].slowest = (seconds, label)
         measured[name].attributed |= b"\nxpu_pod_gpu_processes{" in gzip.decompress(body) or not node.pods
 
 
@@ -234,6 +238,8 @@ def report(node: Node, renders: dict[str, dict[str, object]], measured: dict[str
         row("  on a request's thread (a scrape waited)", "", pb["renders_on_request"], pt["renders_on_request"])
         row("  CPU, all renders of the phase", "ms", 1e3 * (pb["cpu_publish"] + pb["cpu_request"]),
             1e3 * (pt["cpu_publish"] + pt["cpu_request"]))  # fmt: skip
+    for name, m in measured.items():
+        lines.append(f"  slowest scrape in the rhythm, {name}: {m.slowest[0] * 1e3:.2f} ms ({m.slowest[1]})")
     if not (b.attributed and t.attributed):
         lines.append("  (warning: a daemon served no pod series: attribution had not run yet)")
     return lines

@@ -17,11 +17,20 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from exporter.collectors.series import Family
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 log = structlog.get_logger("collectors")
 
 GPU_LABELS = ("gpu", "uuid")
+SUCCESS = Family(
+    "xpu_collector_success",
+    "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
+    labels=("collector",),
+)
+DURATION = Family(
+    "xpu_collector_duration_seconds", "Time the collector took in the last render of /metrics.", labels=("collector",)
+)
 
 
 def gpu_label_values(gpu: GpuSnapshot) -> list[str]:
@@ -66,16 +75,8 @@ class SnapshotExporter(PromCollector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self._latest()
         now = self._clock()
-        success = GaugeMetricFamily(
-            "xpu_collector_success",
-            "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
-            labels=["collector"],
-        )
-        duration = GaugeMetricFamily(
-            "xpu_collector_duration_seconds",
-            "Time the collector took in the last render of /metrics.",
-            labels=["collector"],
-        )
+        success = GaugeMetricFamily(SUCCESS.name, SUCCESS.help, labels=SUCCESS.labels)
+        duration = GaugeMetricFamily(DURATION.name, DURATION.help, labels=DURATION.labels)
         for collector in self._collectors:
             started = self._monotonic()
             ok = 0.0

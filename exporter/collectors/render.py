@@ -23,21 +23,12 @@ from math import copysign
 import structlog
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, NoDataError, SnapshotExporter
+from exporter.collectors.base import DURATION, SUCCESS, Collector, NoDataError, SnapshotExporter
 from exporter.collectors.series import Family, Rows, SeriesCollector
 from exporter.encoding import MetricLines, Rendered, Section, go_float, series_prefix
 from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("collectors")
-
-SUCCESS = Family(
-    "xpu_collector_success",
-    "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
-    labels=("collector",),
-)
-DURATION = Family(
-    "xpu_collector_duration_seconds", "Time the collector took in the last render of /metrics.", labels=("collector",)
-)
 
 _Key = tuple[object, ...]  # (family, label values) or (family, label names, label values)
 
