@@ -141,6 +141,7 @@ def plan(window: float) -> list[tuple[float, str]]:
 
 
 def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) -> dict[str, Measured]:
+    root.mkdir(parents=True, exist_ok=True)
     runs = {
         name: DaemonRun(node.gpus, 0, root / name, scenario=node.scenario(root), repo=tree)
         for name, tree in trees.items()
