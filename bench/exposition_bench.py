@@ -9,9 +9,10 @@ interpreter and packages. Per node (``h200x8``, ``h200x8-busy``, 64 busy cards):
    Prometheus' format (collect, OpenMetrics, gzip), and renders at publish and on a request's thread over a
    scripted six minutes (a new Prometheus, its HA replica joining, the first restarting), on a fake clock.
 2. Two real daemons (``python3 -m healthd --simulate``, no config file: 5 s interval, attribution on), one per
-   tree, started together and scraped by the same scrapers in turn (each scrape goes to both, the order swapped
-   every time), kept-alive connections from their own loopback address as Prometheus servers have their own
-   hosts, with Prometheus' headers:
+   tree, started together and scraped by the same scrapers: each scrape goes to one daemon and half a period
+   (7.5 s) later to the other, which goes first swapped every time, so neither daemon's scrape meets the other's
+   render. Kept-alive connections from the scraper's own loopback address (Prometheus servers have their own
+   hosts), with Prometheus' headers:
 
    - scraper A from the moment the daemon is healthy (its first 3 scrapes: a new Prometheus, fresh daemon);
    - a CPU window while A alone scrapes every 15 s, its rhythm learned: CPU share (/proc/<pid>/stat);
@@ -57,6 +58,8 @@ EVERY = 15.0
 SETTLE_WAIT = 12.0  # after /healthz: the first kubelet refresh (about 5.5 s) and the cycle that attributes pods
 HOSTS = {"A": "127.0.0.2", "B": "127.0.0.3"}
 BURST = 100
+HALF = EVERY / 2  # each scrape reaches the second daemon half a period after the first: never both at once
+WINDOW_OPENS = 56.25  # between two scrapes of either daemon: the window holds whole periods of both
 
 
 @dataclass
@@ -129,10 +132,10 @@ def in_process(tree: Path, gpus: int, cycles: int, out: Path) -> dict[str, objec
 def plan(window: float) -> list[tuple[float, str]]:
     """(seconds after the start, what happens), in order. A scrape is "A-first", "A-steady", "B-first", ...;
     "open"/"close" bound the CPU window; "reconnect" is A coming back on a new connection."""
-    events = [(52.5, "open"), (52.5 + window, "close")]  # a whole number of A's periods, A learned from 45 s on
+    events = [(WINDOW_OPENS, "open"), (WINDOW_OPENS + window, "close")]  # whole periods of both daemons' scrapes
     stop = 52.5 + window + 52.5  # A's last scrape before its restart
     events += [(n * EVERY, "A-first" if n < 3 else "A-steady") for n in range(round(stop / EVERY) + 1)]
-    join = 52.5 + window + 20.0  # B: 12.5 s after one of A's scrapes
+    join = 52.5 + window + 20.0  # B: 5 s after one of A's scrapes (to the other daemon)
     events += [(join + n * EVERY, "B-first" if n < 3 else "B-steady") for n in range(11)]
     back = stop + 52.5  # A silent for 37.5 s past its due scrape
     events += [(back - 0.001, "reconnect")]
@@ -148,7 +151,14 @@ def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) 
     }
     measured = {name: Measured() for name in runs}
     scrapers = {key: Scraper(host) for key, host in HOSTS.items()}
-    turn = 0
+    names = list(runs)
+    timeline: list[tuple[float, str, str]] = []
+    for turn, (offset, what) in enumerate(plan(window)):  # each scrape to one daemon, then the other, in turn
+        if what in ("open", "close", "reconnect"):
+            timeline.append((offset, what, ""))
+            continue
+        first, second = names if turn % 2 == 0 else names[::-1]
+        timeline += [(offset, what, first), (offset + HALF, what, second)]
     try:
         for run in runs.values():
             run.start()
@@ -158,23 +168,22 @@ def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) 
         t0 = time.monotonic()
         cpu0: dict[str, float] = {}
         opened = t0
-        for offset, what in plan(window):
+        for offset, what, name in sorted(timeline):
             time.sleep(max(0.0, t0 + offset - time.monotonic()))
             if what == "open":
-                cpu0, opened = {name: proc_cpu_seconds(_pid(r)) for name, r in runs.items()}, time.monotonic()
+                cpu0, opened = {n: proc_cpu_seconds(_pid(r)) for n, r in runs.items()}, time.monotonic()
             elif what == "close":
                 wall = time.monotonic() - opened
-                for name, r in runs.items():
-                    measured[name].cpu_share = (proc_cpu_seconds(_pid(r)) - cpu0[name]) / wall
+                for n, r in runs.items():
+                    measured[n].cpu_share = (proc_cpu_seconds(_pid(r)) - cpu0[n]) / wall
             elif what == "reconnect":
                 scrapers["A"].close()
             else:
                 key, kind = what.split("-")
-                _scrape(scrapers[key], runs, measured, kind, turn, node, f"{what} at +{offset:.1f} s")
-                turn += 1
-        for _ in range(BURST):
-            _scrape(scrapers["A"], runs, measured, "burst", turn, node)
-            turn += 1
+                _scrape(scrapers[key], runs[name], measured[name], kind, node, f"{what} at +{offset:.1f} s")
+        for turn in range(2 * BURST):
+            name = names[turn % 2]
+            _scrape(scrapers["A"], runs[name], measured[name], "burst", node)
         return measured
     finally:
         for scraper in scrapers.values():
@@ -183,18 +192,12 @@ def side_by_side(node: Node, trees: dict[str, Path], root: Path, window: float) 
             run.stop()
 
 
-def _scrape(
-    scraper: Scraper, runs: dict[str, DaemonRun], measured: dict[str, Measured], kind: str, turn: int, node: Node,
-    label: str = "",
-) -> None:  # fmt: skip
-    """One scrape of every daemon, the order swapped every turn."""
-    names = list(runs) if turn % 2 == 0 else list(reversed(runs))
-    for name in names:
-        seconds, body = scraper.get(name, runs[name].port)
-        getattr(measured[name], kind).append(seconds)
-        if kind != "burst" and seconds > measured[name].slowest[0]:
-            measured[name].slowest = (seconds, label)
-        measured[name].attributed |= b"\nxpu_pod_gpu_processes{" in gzip.decompress(body) or not node.pods
+def _scrape(scraper: Scraper, run: DaemonRun, measured: Measured, kind: str, node: Node, label: str = "") -> None:
+    seconds, body = scraper.get(str(run.root), run.port)
+    getattr(measured, kind).append(seconds)
+    if kind != "burst" and seconds > measured.slowest[0]:
+        measured.slowest = (seconds, label)
+    measured.attributed |= b"\nxpu_pod_gpu_processes{" in gzip.decompress(body) or not node.pods
 
 
 def _pid(run: DaemonRun) -> int:
