@@ -49,10 +49,9 @@ class _Unhandled(Exception):  # noqa: N818 - control flow: "let prometheus_clien
     pass
 
 
-class _Line(NamedTuple):
-    prefix: str  # 'name{labels} '
-    value: float
-    text: str  # the whole line, for the value above
+# A series' line kept between renders: (prefix 'name{labels} ', value, the whole line for that value). A plain
+# tuple of strings and a float, which the garbage collector stops tracking (a NamedTuple it tracks for ever).
+_Line = tuple[str, float, str]
 
 
 class Replay:
@@ -239,11 +238,11 @@ class MetricLines:
             if line is None:
                 if not legacy_names(s.name, s.labels):
                     raise _Unhandled
-                line = _Line(series_prefix(s.name, s.labels.items()), math.nan, "")
-            if not same_value(s.value, line.value):
-                line = _Line(line.prefix, s.value, f"{line.prefix}{go_float(s.value)}\n")
+                line = (series_prefix(s.name, s.labels.items()), math.nan, "")
+            if not same_value(s.value, line[1]):
+                line = (line[0], s.value, f"{line[0]}{go_float(s.value)}\n")
             lines[key] = line
-            text.append(line.text)
+            text.append(line[2])
             names.add(s.name)
         return Section(head[0], head[1], "".join(text), frozenset(names))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from math import copysign
 
@@ -30,14 +29,12 @@ from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("collectors")
 
-_Key = tuple[object, ...]  # (family, label values) or (family, label names, label values)
-
-
-class _Line:
-    __slots__ = ("prefix", "text", "value")
-
-    def __init__(self, prefix: str, value: float, text: str) -> None:
-        self.prefix, self.value, self.text = prefix, value, text
+# A series' line as the last render left it: (prefix 'name{labels} ', value, the whole line), by its label values
+# (or (label names, label values)), per family. Only strings and floats: the garbage collector stops tracking such
+# tuples and dicts, so a large node's kept lines cost it no time.
+_Line = tuple[str, float, str]
+_Lines = dict[Family, dict[tuple[object, ...], _Line]]
+_NO_LINES: dict[tuple[object, ...], _Line] = {}  # never written to
 
 
 class _Block:
@@ -45,7 +42,7 @@ class _Block:
 
     __slots__ = ("fragments", "lines", "version")
 
-    def __init__(self, version: object, fragments: dict[Family, str], lines: dict[_Key, _Line]) -> None:
+    def __init__(self, version: object, fragments: dict[Family, str], lines: _Lines) -> None:
         self.version, self.fragments, self.lines = version, fragments, lines
 
 
@@ -53,35 +50,38 @@ class _BlockRows:
     """Rows of one block being written; reuses the prefix (and the whole line, for an unchanged value) of the
     block's last render. ``add`` is the hot path of a render: kept flat on purpose."""
 
-    __slots__ = ("_old", "lines", "parts", "version")
+    __slots__ = ("_family", "_old", "lines", "parts", "version")
 
-    def __init__(self, version: object, old: dict[_Key, _Line]) -> None:
+    def __init__(self, version: object, old: _Lines) -> None:
         self.version = version
         self._old = old
-        self.lines: dict[_Key, _Line] = {}
-        self.parts: defaultdict[Family, list[str]] = defaultdict(list)
+        self.lines: _Lines = {}
+        self.parts: dict[Family, list[str]] = {}
+        self._family: dict[Family, tuple[dict[tuple[object, ...], _Line], dict[tuple[object, ...], _Line], list[str]]]
+        self._family = {}
 
     def add(self, family: Family, values: tuple[str, ...], value: float) -> None:
-        key = (family, values)
-        line = self._old.get(key)
-        if line is None:
-            line = _Line(_prefix(family, family.labels, values), math.nan, "")
-        old = line.value
-        if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
-            line = _Line(line.prefix, value, f"{line.prefix}{go_float(value)}\n")
-        self.lines[key] = line
-        self.parts[family].append(line.text)
+        self._add(family, values, family.labels, values, value)
 
     def add_named(self, family: Family, names: tuple[str, ...], values: tuple[str, ...], value: float) -> None:
-        key = (family, names, values)
-        line = self._old.get(key)
+        self._add(family, (names, values), names, values, value)
+
+    def _add(
+        self, family: Family, key: tuple[object, ...], names: tuple[str, ...], values: tuple[str, ...], value: float
+    ) -> None:
+        state = self._family.get(family)
+        if state is None:
+            state = self._family[family] = (self._old.get(family, _NO_LINES), {}, [])
+            self.lines[family], self.parts[family] = state[1], state[2]
+        old_lines, lines, parts = state
+        line = old_lines.get(key)
         if line is None:
-            line = _Line(_prefix(family, names, values), math.nan, "")
-        old = line.value
+            line = (_prefix(family, names, values), math.nan, "")
+        old = line[1]
         if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
-            line = _Line(line.prefix, value, f"{line.prefix}{go_float(value)}\n")
-        self.lines[key] = line
-        self.parts[family].append(line.text)
+            line = (line[0], value, f"{line[0]}{go_float(value)}\n")
+        lines[key] = line
+        parts.append(line[2])
 
     def finish(self) -> _Block:
         return _Block(self.version, {f: "".join(p) for f, p in self.parts.items()}, self.lines)
