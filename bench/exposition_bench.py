@@ -5,7 +5,7 @@ The baseline is another checkout (``--baseline DIR``) or a commit (``--baseline-
 block-cached render), checked out with ``git worktree add`` for the run and removed after. Both run on the same
 interpreter and packages. Per node (``h200x8``, ``h200x8-busy``, 64 busy cards):
 
-1. In process (bench/exposition_render.py, once per tree, one after the other): CPU of one render per cycle for
+1. In process (bench/exposition_render.py, per tree, the trees in turn twice): CPU of one render per cycle for
    Prometheus' format (collect, OpenMetrics, gzip), and renders at publish and on a request's thread over a
    scripted six minutes (a new Prometheus, its HA replica joining, the first restarting), on a fake clock.
 2. Two real daemons (``python3 -m healthd --simulate``, no config file: 5 s interval, attribution on), one per
@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -119,14 +120,25 @@ def baseline_tree(directory: Path | None, ref: str, parent: Path) -> Iterator[Pa
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
 
 
-def in_process(tree: Path, gpus: int, cycles: int, out: Path) -> dict[str, object]:
+def in_process(tree: Path, gpus: int, cycles: int, out: Path, timeline: bool = True) -> dict[str, Any]:
     """bench/exposition_render.py against ``tree`` (its exporter and healthd), in a process of its own."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     script = Path(__file__).resolve().parent / "exposition_render.py"
     cmd = [sys.executable, str(script), "--gpus", str(gpus), "--cycles", str(cycles), "--out", str(out)]
+    cmd += [] if timeline else ["--no-timeline"]
     subprocess.run(cmd, env=env, check=True, cwd=out.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    result: dict[str, object] = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
     return result
+
+
+def renders_of(trees: dict[str, Path], gpus: int, cycles: int, root: Path) -> dict[str, dict[str, Any]]:
+    """Each tree's in-process figures, the trees in turn twice (the second time render CPU only), so a change in
+    the machine's load meets both."""
+    out = {name: in_process(tree, gpus, cycles, root / f"{name}.json") for name, tree in trees.items()}
+    for name, tree in reversed(trees.items()):
+        again = in_process(tree, gpus, cycles, root / f"{name}-again.json", timeline=False)
+        out[name]["render_seconds"] += again["render_seconds"]
+    return out
 
 
 def plan(window: float) -> list[tuple[float, str]]:
@@ -213,7 +225,7 @@ def _ms(values: Sequence[float], q: float | None = None) -> float:
     return (statistics.median(values) if q == 0.5 else percentile(values, q)) * 1e3
 
 
-def report(node: Node, renders: dict[str, dict[str, object]], measured: dict[str, Measured]) -> list[str]:
+def report(node: Node, renders: dict[str, dict[str, Any]], measured: dict[str, Measured]) -> list[str]:
     lines = [f"== {node.name}: {node.gpus} GPUs, {node.processes} processes, {node.pods} pods"]
 
     def row(what: str, unit: str, base: float, this: float) -> None:
@@ -233,10 +245,10 @@ def report(node: Node, renders: dict[str, dict[str, object]], measured: dict[str
     row("  max", "ms", _ms(b.burst), _ms(t.burst))
     row("daemon CPU share, 5 s sampling, a scrape every 15 s", "%", b.cpu_share * 100, t.cpu_share * 100)
     rb, rt = renders["baseline"], renders["this"]
-    sb, st = list(rb["render_seconds"]), list(rt["render_seconds"])  # type: ignore[call-overload]
+    sb, st = list(rb["render_seconds"]), list(rt["render_seconds"])
     row("render CPU per cycle (OpenMetrics + gzip): p50", "ms", _ms(sb, 0.5), _ms(st, 0.5))
     row("  max", "ms", _ms(sb), _ms(st))
-    for pb, pt in zip(rb["timeline"], rt["timeline"], strict=True):  # type: ignore[call-overload]
+    for pb, pt in zip(rb["timeline"], rt["timeline"], strict=True):
         name = pb["phase"]
         row(f"renders, {name}: at publish", "", pb["renders_at_publish"], pt["renders_at_publish"])
         row("  on a request's thread (a scrape waited)", "", pb["renders_on_request"], pt["renders_on_request"])
