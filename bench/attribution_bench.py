@@ -40,7 +40,7 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.sim.node import SimulatedNode
 
 NAME = "attribution"
@@ -96,13 +96,12 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="xpu-bench-", dir=node_dir(work_dir)) as tmp:
         sim = SimulatedNode(backend, Path(tmp) / "node")
         sim.kubelet.socket_path = Path(tmp) / "k.sock"
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=3600, call_deadline_seconds=10))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=3600, call_deadline_seconds=10))
         kubelet = KubeletPodResources(sim.kubelet.socket_path, refresh_interval=3600)
         attributor = Attributor(ProcResolver(sim.proc_root), pod_index=PodLogIndex(sim.log_root), kubelet=kubelet)
         sim.start()
         try:
             snap = sampler.run_once()
-            sim.sync()
             t0 = time.perf_counter()
             kubelet.refresh()
             kubelet_s = time.perf_counter() - t0

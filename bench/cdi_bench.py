@@ -26,10 +26,10 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(REPO))
 
 from bench.common import median, percentile, timed  # noqa: E402
+from healthd.host.simulated_devices import simulated_host_devices, write_driver_tables  # noqa: E402
 from healthd.partition.cdi import CdiWriter  # noqa: E402
 from healthd.partition.driverlibs import builtin_hook_path, discover, read_ldcache  # noqa: E402
 from healthd.partition.edits import ContainerEdits, Mount  # noqa: E402
-from healthd.partition.simdevices import simulated_host_devices  # noqa: E402
 
 
 def p50_p99_ms(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="xpu-cdi-bench-") as tmp:
         root = Path(tmp)
+        write_driver_tables(root / "sim")
         devices = simulated_host_devices(root / "sim")
         writer = CdiWriter(root / "cdi")
 

@@ -39,7 +39,7 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.exposition import ExpositionCache
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.sim.node import SimulatedNode
 
 ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
@@ -66,7 +66,7 @@ class Node:
         self.backend = SimulatedBackend(scenario)
         self.node = SimulatedNode(self.backend, root / "node")
         self.node.kubelet.socket_path = root / "kubelet.sock"
-        self.sampler = Sampler(self.backend, SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=5.0))
+        self.sampler = Sampler(self.backend, SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=5.0))
         self.kubelet = KubeletPodResources(self.node.kubelet.socket_path, refresh_interval=3600)
         resolver = ProcResolver(self.node.proc_root)
         self.attributor = Attributor(resolver, pod_index=PodLogIndex(self.node.log_root), kubelet=self.kubelet)

@@ -41,15 +41,15 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 from bench.common import BenchArgs, Row, median, percentile  # noqa: E402
 from bench.scenarios import scaled  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
-from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
+from exporter.sampler import Sampler, SamplerSettings  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
-from healthd.daemon.logs import configure_logging  # noqa: E402
+from healthd.daemon.health import HealthComponent  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
 from healthd.faults.journal import Journal  # noqa: E402
-from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
-from healthd.faults.runtime import FaultRuntime  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
+from healthd.logs import configure_logging  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
 from healthd.xid.catalog import XidCatalog, load_catalog  # noqa: E402
 from healthd.xid.watcher import XidSettings, build_watcher  # noqa: E402
@@ -69,17 +69,17 @@ def summary(name: str, seconds: Sequence[float]) -> str:
 def bench_finding(i: int) -> Finding:
     gpu = GpuRef(i % 8, f"GPU-bench-{i % 8}", f"00000000:{i % 8:02x}:00.0")
     return Finding("xid", f"xid_{1000 + i}", Severity.FATAL, Action.REPLACE_NODE, "bench XID", gpu,
-                   evidence={"xid": str(1000 + i)}, kind="event")  # fmt: skip
+                   evidence={"xid": str(1000 + i)}, kind=FindingKind.EVENT)  # fmt: skip
 
 
 class engine_injector:  # noqa: N801 - used like a function
     """Hands a distinct fatal XID finding straight to the engine."""
 
-    def __init__(self, runtime: FaultRuntime) -> None:
-        self._runtime = runtime
+    def __init__(self, health: HealthComponent) -> None:
+        self._health = health
 
     def __call__(self, i: int) -> None:
-        self._runtime.engine.accept_event(bench_finding(i))
+        self._health.engine.accept_event(bench_finding(i))
 
     def close(self) -> None:
         pass
@@ -92,14 +92,14 @@ class xid_injector:  # noqa: N801 - used like a function
     dedup swallows it: every one must become a new fault.
     """
 
-    def __init__(self, runtime: FaultRuntime, gpus: int = 8) -> None:
+    def __init__(self, health: HealthComponent, gpus: int = 8) -> None:
         self._sim = SimulatedBackend(scaled(gpus))
         self._sim.open()
-        self._sampler = Sampler(self._sim, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        self._sampler = Sampler(self._sim, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         self._sampler.run_once()  # the watcher maps driver events to cards through the inventory
         catalog = load_catalog()
         self._codes = action_xids(catalog)
-        self._watcher = build_watcher(XidSettings(), self._sim, runtime.engine, self._sampler.latest, kmsg_path=None)
+        self._watcher = build_watcher(XidSettings(), self._sim, health.engine, self._sampler.latest, kmsg_path=None)
         self._watcher.start()
 
     @property
@@ -149,9 +149,9 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
     min_action = "replace_node" if source == "engine" else "restart_app"
     hook = HookSettings(endpoints=(f"unix:{hook_sock}",), min_action=min_action, node_name="bench",
                         backoff_initial_seconds=0.05, backoff_max_seconds=0.2)  # fmt: skip
-    runtime = FaultRuntime(Journal(tmp / "state" / "faults.sqlite"), FaultsSettings(), hook, boot_id="bench")
+    health = HealthComponent(Journal(tmp / "state" / "faults.sqlite"), FaultsSettings(), hook, boot_id="bench")
     server = GrpcServer(
-        [f"unix:{daemon_sock}"], [Service(health_service.SERVICE_NAME, runtime.service, health_service.add_to_server)]
+        [f"unix:{daemon_sock}"], [Service(health_service.SERVICE_NAME, health.service, health_service.add_to_server)]
     )
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -162,15 +162,15 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
     try:
 
         async def start() -> None:
-            await runtime.start()
+            await health.start()
             await server.start()
 
         asyncio.run_coroutine_threadsafe(start(), loop).result(TIMEOUT_SECONDS)
         started = True
         if source == "engine":
-            inject = engine_injector(runtime)
+            inject = engine_injector(health)
         else:
-            inject = xid_injector(runtime, gpus)
+            inject = xid_injector(health, gpus)
             count = min(count, inject.capacity)
 
         received: queue.Queue[tuple[str, int]] = queue.Queue()
@@ -215,10 +215,10 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
 
         # a flood: the same XID again and again at the engine (dedup: count and last_seen are written, no new record)
         finding = bench_finding(0)
-        runtime.engine.accept_event(finding)
+        health.engine.accept_event(finding)
         for _ in range(count):
             c0 = time.perf_counter()
-            runtime.engine.accept_event(finding)
+            health.engine.accept_event(finding)
             out.repeat.append(time.perf_counter() - c0)
         return out
     finally:
@@ -226,7 +226,7 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
             inject.close()
         if started:
             asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(TIMEOUT_SECONDS)
-            asyncio.run_coroutine_threadsafe(runtime.stop(), loop).result(TIMEOUT_SECONDS)
+            asyncio.run_coroutine_threadsafe(health.stop(flush_seconds=5.0), loop).result(TIMEOUT_SECONDS)
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(5)
         if not loop_thread.is_alive():

@@ -14,7 +14,8 @@ replacement hook server in this process):
 
     python3 bench/hung_cards_bench.py [--hold 120]
 
-It prints one table. tests/daemon/test_hung_cards.py runs the same scenario and asserts the behaviour (not the times).
+It prints one table. tests/healthd/daemon/test_hung_cards.py runs the same scenario and asserts the behaviour
+(not the times).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from exporter.collectors import Collector, default_collectors
 from exporter.collectors.render import SnapshotRenderer
 from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 
 NAME = "metrics"
 WARMUP = 3  # renders and scrapes before timing starts
@@ -65,7 +65,7 @@ def scrape_latencies(
 def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
     sim = SimulatedBackend(scaled(gpus, processes_per_gpu))
     sim.open()
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0))
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5.0, call_deadline_seconds=2.0))
     server: MetricsHTTPServer | None = None
     try:
         sampler.run_once()

@@ -120,7 +120,7 @@ def measure(reps: int) -> dict[str, Any]:
 
     from exporter.backends.errors import DriverUnavailableError
     from exporter.backends.nvml import NvmlBackend
-    from exporter.sampler import Sampler, SamplerConfig
+    from exporter.sampler import Sampler, SamplerSettings
 
     backend = NvmlBackend()
     try:
@@ -164,7 +164,7 @@ def measure(reps: int) -> dict[str, Any]:
                     "overhead_ratio": t["a_wall"] / t["b_wall"] if t["b_wall"] > 0 else float("nan"),
                 }
             )
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=5.0, call_deadline_seconds=2.0))
         try:
             sampler.run_once()
             everything = [c for trace in traces for c in trace]

@@ -26,9 +26,9 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
+from healthd.daemon.status_page import render_status_page
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -53,7 +53,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
-    sampler = Sampler(backend, SamplerConfig(1.0, 1.0))
+    sampler = Sampler(backend, SamplerSettings(1.0, 1.0))
     snapshot = sampler.run_once()
     sampler.stop()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.probes import HealthSettings, ProbeHost, default_probes
 from healthd.xid.catalog import load_catalog
 from healthd.xid.kmsg import KmsgRecord, format_record, format_xid, parse_nvrm, parse_record
@@ -29,7 +29,7 @@ class _Null:
 def main() -> None:
     clock_t = [1_800_000_000.0]
     backend = SimulatedBackend(load_scenario("h200x8"), clock=lambda: clock_t[0])
-    sampler = Sampler(backend, SamplerConfig(5.0, 2.0), clock=lambda: clock_t[0])
+    sampler = Sampler(backend, SamplerSettings(5.0, 2.0), clock=lambda: clock_t[0])
     with tempfile.TemporaryDirectory() as state:
         probes = default_probes(HealthSettings(), ProbeHost(Path("/proc"), Path("/sys"), Path(state)))
         snaps = []

@@ -31,7 +31,7 @@ from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.profiling import ProfilingCollector
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 
 NAME = "profiling"
@@ -121,7 +121,7 @@ def render_cost(gpus: int, scrapes: int) -> dict[str, float]:
     clock = [1000.0]
     sim = SimulatedBackend(scaled(gpus, 1), clock=lambda: clock[0])
     sim.open()
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0), clock=lambda: clock[0])
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5.0, call_deadline_seconds=2.0), clock=lambda: clock[0])
     try:
         sampler.run_once()
         clock[0] += 5.0

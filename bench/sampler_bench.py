@@ -14,7 +14,7 @@ import time
 from bench.common import BenchArgs, Row
 from bench.scenarios import scaled
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 
 NAME = "sampler"
 
@@ -35,7 +35,7 @@ def _direct_cpu_per_gpu(sim: SimulatedBackend, cycles: int) -> float:
 def measure(gpus: int, processes_per_gpu: int, cycles: int) -> list[Row]:
     sim = SimulatedBackend(scaled(gpus, processes_per_gpu))
     sim.open()
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0))
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5.0, call_deadline_seconds=2.0))
     try:
         sampler.run_once()  # opens the backend, starts the workers, reads device_info once
         direct = _direct_cpu_per_gpu(sim, cycles)

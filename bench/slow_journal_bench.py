@@ -17,8 +17,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -28,16 +29,16 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from bench.common import percentile  # noqa: E402
 from exporter.backends.simulated import SimulatedBackend  # noqa: E402
-from exporter.sampler import Sampler, SamplerConfig  # noqa: E402
+from exporter.sampler import Sampler, SamplerSettings  # noqa: E402
 from healthd.api.v1 import health_pb2 as pb  # noqa: E402
 from healthd.api.v1 import health_pb2_grpc as pb_grpc  # noqa: E402
-from healthd.daemon.logs import configure_logging  # noqa: E402
+from healthd.daemon.health import HealthComponent  # noqa: E402
 from healthd.faults import service as health_service  # noqa: E402
-from healthd.faults.fault import Fault, FaultRecord  # noqa: E402
+from healthd.faults.fault import FaultRecord  # noqa: E402
 from healthd.faults.journal import Change, Journal  # noqa: E402
-from healthd.faults.model import Action, Finding, GpuRef, Severity  # noqa: E402
-from healthd.faults.runtime import FaultRuntime  # noqa: E402
 from healthd.faults.settings import FaultsSettings, HookSettings  # noqa: E402
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity  # noqa: E402
+from healthd.logs import configure_logging  # noqa: E402
 from healthd.probes import HealthSettings, ProbeHost, default_probes  # noqa: E402
 from healthd.probes.runner import ProbeRunner  # noqa: E402
 from healthd.rpc.server import GrpcServer, Service  # noqa: E402
@@ -48,15 +49,15 @@ class DelayedJournal(Journal):
         super().__init__(path)
         self.delay = delay
 
-    def commit(self, changes: list[Change], at: float, *, touched: Iterable[Fault] = ()) -> list[FaultRecord]:  # type: ignore[override]
+    def commit(self, changes: Sequence[Change], at: float, **kwargs: Any) -> list[FaultRecord]:
         time.sleep(self.delay)  # as if fsync took this long
-        return super().commit(changes, at, touched=touched)
+        return super().commit(changes, at, **kwargs)
 
 
 def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int]:
     with tempfile.TemporaryDirectory(prefix="slow-journal-") as tmp:
         root = Path(tmp)
-        runtime = FaultRuntime(DelayedJournal(root / "faults.sqlite", delay), FaultsSettings(), HookSettings())
+        runtime = HealthComponent(DelayedJournal(root / "faults.sqlite", delay), FaultsSettings(), HookSettings())
         server = GrpcServer(
             [f"unix:{root}/h.sock"],
             [Service(health_service.SERVICE_NAME, runtime.service, health_service.add_to_server)],
@@ -70,7 +71,7 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
 
         asyncio.run_coroutine_threadsafe(start(), loop).result(30)
         backend = SimulatedBackend.from_name("h200x8")
-        sampler = Sampler(backend, SamplerConfig(interval_seconds=60, call_deadline_seconds=5))
+        sampler = Sampler(backend, SamplerSettings(interval_seconds=60, call_deadline_seconds=5))
         runner = ProbeRunner(default_probes(HealthSettings(), ProbeHost(state_dir=root)), runtime.engine)
         sampler.subscribe(runner.on_snapshot, "probes")
         stop = threading.Event()
@@ -81,7 +82,15 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
             while not stop.is_set():
                 written[0] += 1
                 runtime.engine.event(
-                    Finding("bench", f"event_{written[0]}", Severity.WARNING, Action.NONE, "bench", gpu, kind="event")
+                    Finding(
+                        "bench",
+                        f"event_{written[0]}",
+                        Severity.WARNING,
+                        Action.NONE,
+                        "bench",
+                        gpu,
+                        kind=FindingKind.EVENT,
+                    )
                 )
                 stop.wait(0.05)
 
@@ -103,7 +112,7 @@ def measure(delay: float, seconds: float) -> tuple[list[float], list[float], int
         stop.set()
         sampler.stop()
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-        asyncio.run_coroutine_threadsafe(runtime.stop(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(runtime.stop(flush_seconds=5.0), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         return cycles, health, written[0]
 

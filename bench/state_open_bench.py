@@ -20,8 +20,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import median, timed
-from healthd.daemon.state_files import check_integrity
 from healthd.faults.journal import SCHEMA, Journal
+from healthd.state_files import check_integrity
 
 FAULT_JSON = json.dumps({"id": "f" * 32, "message": "XID 48 (Double Bit ECC Error) on GPU 3 " * 12, "evidence": {}})
 

@@ -32,7 +32,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.http import Health, MetricsHTTPServer
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.webconfig import BasicAuthenticator, parse_web_config
 from tests.support.servicehelpers import make_pki
 
@@ -104,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
-    sampler = Sampler(SimulatedBackend.from_name("h200x8"), SamplerConfig(interval_seconds=3600))
+    sampler = Sampler(SimulatedBackend.from_name("h200x8"), SamplerSettings(interval_seconds=3600))
     sampler.run_once()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotExporter(sampler.latest, default_collectors()))

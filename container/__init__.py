@@ -1,2 +1,2 @@
-"""The container layer: front ends that give the daemon's cards to containers (Kubernetes DRA; the device plugin
-moves here later), talking to the daemon only through its public gRPC API."""
+"""The container layer: front ends that give the daemon's cards to containers (the kubelet device plugin in
+``deviceplugin/``, the Kubernetes DRA driver in ``dra/``), talking to the daemon only through its public gRPC API."""

@@ -58,6 +58,8 @@ class Panel:
     mappings: list[dict[str, Any]] = field(default_factory=list)
     stack: bool = False
     columns: dict[str, str] = field(default_factory=dict)  # table: "Value #A" -> header
+    hidden: tuple[str, ...] = ()  # table: columns left out (besides Time, __name__, job)
+    units: dict[str, str] = field(default_factory=dict)  # table: column -> unit, where it differs from ``unit``
 
 
 def t(expr: str, legend: str = "") -> Target:
@@ -83,7 +85,6 @@ def var_query(name: str, label: str, query: str, *, multi: bool = True, all_valu
         "label": label,
         "datasource": DS,
         "query": {"query": query, "refId": f"{name}-var"},
-        "definition": query,
         "refresh": 2,
         "sort": 3,
         "multi": multi,
@@ -163,7 +164,13 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "description": p.description,
         "datasource": DS,
         "gridPos": {"h": p.h, "w": p.w, "x": x, "y": y},
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {
+            "defaults": defaults,
+            "overrides": [
+                {"matcher": {"id": "byName", "options": column}, "properties": [{"id": "unit", "value": unit}]}
+                for column, unit in p.units.items()
+            ],
+        },
         "options": options,
         "targets": targets,
     }
@@ -172,7 +179,10 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
             {"id": "merge", "options": {}},
             {
                 "id": "organize",
-                "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}, "renameByName": p.columns},
+                "options": {
+                    "excludeByName": dict.fromkeys(("Time", "__name__", "job", *p.hidden), True),
+                    "renameByName": p.columns,
+                },
             },
         ]
     return panel
@@ -225,6 +235,10 @@ def dashboard(
             "asDropdown": True,
             "includeVars": True,
             "keepTime": True,
+            "icon": "external link",
+            "tooltip": "The other xpu-runtime-kit dashboards, with this node and time range",
+            "targetBlank": False,
+            "url": "",
         }
     ]
     return {
@@ -277,6 +291,42 @@ RECOVERY = [
 UP_MAP = [
     {"type": "value", "options": {"0": {"text": "not answering", "color": RED}, "1": {"text": "ok", "color": GREEN}}}
 ]
+
+
+def counted(counter: str, window: str = RI) -> str:
+    """How much ``counter`` (a selector) grew in ``window``, including the series' first appearance.
+
+    The daemon creates a counter series such as xpu_xid_errors_total{gpu, xid} at its first event, already at 1:
+    there is no earlier 0 sample. increase() only measures growth between samples inside the window, so a card's
+    first (and often only) XID 79 shows as 0. The left side takes series that exist now but did not one window ago
+    (``unless ... offset``): everything they count happened inside the window, so their whole value is the increase.
+    ``or`` falls back to increase() for every series that is older. (A daemon restart also starts series afresh;
+    their value then counts since the restart, which is what happened in the window too.)
+    """
+    return f"(({counter} unless {counter} offset {window}) or increase({counter}[{window}]))"
+
+
+def faults_per_card(where: str, *, instance: bool = False) -> Panel:
+    """Which card has which fault, with its action and since when: one row per active fault (gpu empty: node-wide).
+
+    "Since" is the first moment in the dashboard's time range at which the fault was active (a 1-minute subquery over
+    ``$__range``; a fault younger than the subquery's last step shows its latest sample): a fault older than the range
+    shows the range's start.
+    """
+    active = f"xpu_faults_active{{{where}}} > 0"
+    columns = {"gpu": "Card", "uuid": "UUID", "code": "Code", "action": "Action", "severity": "Severity"}
+    return Panel(
+        "table",
+        "Faults per card",
+        [table(active), table(f"1000 * (min_over_time(timestamp({active})[$__range:1m]) or timestamp({active}))")],
+        w=24,
+        h=8,
+        description="Active faults of xpu-healthd, one row per card and fault; Card is empty for a node-wide fault.",
+        columns={**({"instance": "Node"} if instance else {}), **columns, "Value #B": "Since"},
+        hidden=("Value #A", *(() if instance else ("instance",))),
+        units={"Value #B": "dateTimeAsIso"},
+    )
+
 
 FIRING_ALERTS = f'ALERTS{{alertstate="firing", alertname=~"Xpu.*", {N}}}'
 
@@ -339,14 +389,8 @@ def fleet() -> dict[str, Any]:
                 "Value #E": "Hottest die (°C)",
             },
         ),
-        Panel(
-            "table",
-            "Active faults",
-            [table(f"sum by (instance, code, action, severity) (xpu_faults_active{{{N}}}) > 0")],
-            w=12,
-            h=8,
-        ),
-        Panel("table", "Firing alerts", [table(FIRING_ALERTS)], w=12, h=8),
+        faults_per_card(N, instance=True),
+        Panel("table", "Firing alerts", [table(FIRING_ALERTS)], w=24, h=8),
         row("GPUs"),
         Panel(
             "state-timeline",
@@ -399,7 +443,7 @@ def fleet() -> dict[str, Any]:
         Panel(
             "timeseries",
             "Active faults by action",
-            [t(f"sum by (action) (xpu_faults_active{{{N}}})", "{{action}}")],
+            [t(f"sum by (instance, gpu, action) (xpu_faults_active{{{N}}})", "{{instance}} GPU {{gpu}} {{action}}")],
             stack=True,
             thresholds=BAD_AT_1,
         ),
@@ -529,6 +573,7 @@ def node() -> dict[str, Any]:
             h=7,
             description="Cards whose last cycle failed, with why (timeout, gpu_lost, reset_required).",
         ),
+        faults_per_card(NG),
         row("Load"),
         Panel(
             "timeseries",
@@ -727,7 +772,7 @@ def node() -> dict[str, Any]:
         Panel(
             "timeseries",
             "Driver call timeouts",
-            [t(f'sum by (call) (increase(xpu_backend_call_timeouts_total{{instance=~"$node"}}[{RI}]))', "{{call}}")],
+            [t(f"sum by (call) {counted(f'xpu_backend_call_timeouts_total{{{N}}}')}", "{{call}}")],
             thresholds=WARN_AT_1,
             w=8,
         ),
@@ -836,6 +881,7 @@ def workloads() -> dict[str, Any]:
 def health() -> dict[str, Any]:
     panels = [
         row("Health checks and faults"),
+        faults_per_card(N),
         Panel(
             "state-timeline",
             "Health checks not ok",
@@ -852,14 +898,14 @@ def health() -> dict[str, Any]:
         Panel(
             "timeseries",
             "Active faults by code",
-            [t(f"sum by (code, action) (xpu_faults_active{{{N}}})", "{{code}} ({{action}})")],
+            [t(f"sum by (gpu, code, action) (xpu_faults_active{{{N}}})", "GPU {{gpu}} {{code}} ({{action}})")],
             stack=True,
             thresholds=BAD_AT_1,
         ),
         Panel(
             "timeseries",
             "XID events",
-            [t(f"sum by (gpu, xid) (increase(xpu_xid_errors_total{{{N}}}[{RI}]))", "GPU {{gpu}} XID {{xid}}")],
+            [t(f"sum by (gpu, xid) {counted(f'xpu_xid_errors_total{{{N}}}')}", "GPU {{gpu}} XID {{xid}}")],
             thresholds=WARN_AT_1,
             min=0,
         ),
@@ -911,7 +957,7 @@ def health() -> dict[str, Any]:
         Panel(
             "timeseries",
             "Driver call timeouts",
-            [t(f"sum by (call) (increase(xpu_backend_call_timeouts_total{{{N}}}[{RI}]))", "{{call}}")],
+            [t(f"sum by (call) {counted(f'xpu_backend_call_timeouts_total{{{N}}}')}", "{{call}}")],
             thresholds=WARN_AT_1,
             min=0,
         ),

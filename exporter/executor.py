@@ -15,9 +15,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class SerialExecutor(Executor):
@@ -31,7 +32,7 @@ class SerialExecutor(Executor):
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
         with self._cond:
             if self._closed:
@@ -73,7 +74,7 @@ class SerialExecutor(Executor):
                 future.set_result(result)
 
 
-async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+async def in_daemon_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking call on a fresh daemon thread and await it, so an abandoned wait never delays exit.
 
     For rare, bounded work (stopping components); asyncio's shared default pool is joined at exit, this is not.
@@ -91,7 +92,7 @@ async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
 
     def work() -> None:
         try:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
         except BaseException as exc:  # handed to the awaiting coroutine
             _call_soon(loop, settle, None, exc)
         else:
@@ -101,6 +102,6 @@ async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
     return await done
 
 
-def _call_soon(loop: Any, fn: Callable[..., object], *args: object) -> None:
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
         loop.call_soon_threadsafe(fn, *args)

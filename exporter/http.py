@@ -135,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET  # noqa: N815
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("http request", line=format % args)
 
 

@@ -25,7 +25,7 @@ import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess, Pending
+from exporter.backends.lanes import CallTimeoutError, CardHungError, DeviceAccess, Pending
 from exporter.backends.protocol import Backend
 from exporter.backends.types import (
     DeviceInfo,
@@ -38,27 +38,23 @@ from exporter.backends.types import (
     Unknown,
 )
 from exporter.bus import LatestBus, SubscriberStats
+from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot, StuckCall
 
 log = structlog.get_logger("sampler")
 
 
 @dataclass(frozen=True, slots=True)
-class SamplerConfig:
-    interval_seconds: float = 5.0
-    # the two deadlines serve only a raw backend (the sampler makes its own device-access layer); a GuardedBackend
-    # brings its own DeadlineSettings
-    call_deadline_seconds: float = 2.0
-    open_deadline_seconds: float = 10.0
-    pcie_throughput_interval_seconds: float = 30.0  # the 2 x 20 ms fallback, for cards whose GPM lacks PCIe rates
+class SamplerSettings:
+    """[sampler]: how often the cards are read, and how long a driver call may take (the deadlines are every
+    caller's, through the device-access layer: a GuardedBackend made over these settings)."""
 
-    def __post_init__(self) -> None:
-        if self.interval_seconds <= 0:
-            raise ValueError("interval_seconds must be > 0")
-        if self.call_deadline_seconds <= 0:
-            raise ValueError("call_deadline_seconds must be > 0")
-        if self.pcie_throughput_interval_seconds <= 0:
-            raise ValueError("pcie_throughput_interval_seconds must be > 0")
+    interval_seconds: float = option(5.0, min=0.1, max=3600)
+    call_deadline_seconds: float = option(2.0, min=0.05, max=600)  # every driver read, by anyone
+    change_deadline_seconds: float = option(20.0, min=0.05, max=600)  # MIG instance create/destroy
+    open_deadline_seconds: float = option(10.0, min=0.05, max=600)  # nvmlInit, device count, system info
+    # the 2 x 20 ms PCIe rate reading, for cards whose GPM gives no PCIe rates: at most this often
+    pcie_throughput_interval_seconds: float = option(30.0, min=1, max=3600)
 
 
 @dataclass(slots=True)
@@ -87,19 +83,16 @@ class Sampler:
     def __init__(
         self,
         backend: Backend | GuardedBackend,
-        config: SamplerConfig | None = None,
+        settings: SamplerSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or SamplerConfig()
-        if isinstance(backend, GuardedBackend):
+        self.settings = settings or SamplerSettings()
+        if isinstance(backend, GuardedBackend):  # its deadlines are the ones it was made with
             self.device, self._owns_device = backend, False
         else:
-            deadlines = DeadlineSettings(
-                read_seconds=self.config.call_deadline_seconds, open_seconds=self.config.open_deadline_seconds
-            )
-            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, deadlines)), True
+            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, self.settings)), True
         self.backend: Backend = self.device.raw
         self._clock = clock
         self._monotonic = monotonic
@@ -177,7 +170,7 @@ class Sampler:
                 self.run_once()
             except Exception:  # the loop must survive anything; the failure shows in the next Snapshot
                 log.exception("sampling cycle failed")
-            next_tick += self.config.interval_seconds
+            next_tick += self.settings.interval_seconds
             delay = next_tick - self._monotonic()
             if delay < 0:  # fell behind: skip missed ticks rather than burst
                 next_tick = self._monotonic()
@@ -198,7 +191,7 @@ class Sampler:
                 opening, self._opening = self._opening, None
                 opening.outcome.result()
             else:
-                pending = access.submit("node", "open", self.backend.open, access.deadlines.open_seconds)
+                pending = access.submit("node", "open", self.backend.open, access.deadlines.open_deadline_seconds)
                 try:
                     pending.result()
                 except CallTimeoutError:
@@ -265,7 +258,7 @@ class Sampler:
                 self._pcie.pop(c.index, None)
                 continue
             read_at, _ = self._pcie.get(c.index, (None, None))
-            if c.error is None and (read_at is None or now - read_at >= self.config.pcie_throughput_interval_seconds):
+            if c.error is None and (read_at is None or now - read_at >= self.settings.pcie_throughput_interval_seconds):
                 c.pcie_call = self.device.submit(c.index, "pcie_throughput")
         for c in live:
             if c.pcie_call is not None:
@@ -335,7 +328,7 @@ class Sampler:
         snap = Snapshot(
             seq=self._seq,
             taken_at=self._clock(),
-            interval_seconds=self.config.interval_seconds,
+            interval_seconds=self.settings.interval_seconds,
             cycle_seconds=self._monotonic() - started,
             backend_name=self.backend.name,
             backend_up=self._count is not None,

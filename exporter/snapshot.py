@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter.backends.lanes import CallCounters
 from exporter.backends.types import (
     DeviceInfo,
     DeviceProfiling,
@@ -16,10 +17,6 @@ from exporter.backends.types import (
     SystemInfo,
 )
 from exporter.bus import SubscriberStats
-
-
-def _empty() -> Mapping[str, int]:
-    return MappingProxyType({})
 
 
 def _empty_text() -> Mapping[str, str]:
@@ -56,15 +53,6 @@ class GpuSnapshot:
     @property
     def uuid(self) -> str:
         return self.info.uuid if self.info else ""
-
-
-@dataclass(frozen=True, slots=True)
-class CallCounters:
-    """Running totals of backend calls by call name (backend method) since the daemon started."""
-
-    calls: Mapping[str, int] = field(default_factory=_empty)
-    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (call, code)
-    timeouts: Mapping[str, int] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,9 @@ import structlog
 
 from exporter.http import BindError
 from exporter.version import VERSION
-from healthd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
+from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
-from healthd.daemon.logs import configure_logging
 from healthd.daemon.startup import (
     MOVABLE_STATE,
     StartupError,
@@ -26,8 +25,9 @@ from healthd.daemon.startup import (
     move_aside_state,
     option_names,
 )
-from healthd.daemon.state_files import CorruptStateError, StateFileError
 from healthd.daemon.systemd import Notifier
+from healthd.logs import configure_logging
+from healthd.state_files import CorruptStateError, StateFileError
 
 log = structlog.get_logger("main")
 

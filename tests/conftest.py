@@ -1,10 +1,12 @@
-"""Shared fixtures: a simulated node and a controllable clock; the --update-golden option."""
+"""Shared fixtures: a simulated node and a controllable clock; the --update-golden option; logging set-up that a
+test changes (a benchmark's main() configures structlog for the daemon) is put back after it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 from exporter.backends.simulated import SimulatedBackend
@@ -38,3 +40,12 @@ def sim(clock: FakeClock) -> Iterator[SimulatedBackend]:
     yield backend
     backend.clear()  # releases any hang so worker threads can finish
     backend.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_put_back() -> Iterator[None]:
+    """Without it a test that logs at info (structlog.testing.capture_logs) sees nothing after one that set the level
+    to warning, depending on the order the tests run in."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

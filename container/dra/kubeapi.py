@@ -186,14 +186,14 @@ def _name(s: k.V1ResourceSlice) -> str:
     return name
 
 
-def _spec(s: k.V1ResourceSlice) -> Any:
-    """The slice as JSON, without what the pool generation and the server change."""
+def _spec(s: k.V1ResourceSlice) -> tuple[object, object]:
+    """The slice as JSON (its spec and owners), without what the pool generation and the server change."""
     body = to_json(s.spec)
     body.get("pool", {}).pop("generation", None)
     return body, to_json(s.metadata.owner_references if s.metadata is not None else None)
 
 
-def to_json(model: Any) -> Any:
+def to_json(model: object) -> Any:
     """A client model as the JSON the API server sees (camelCase, unset fields left out)."""
     return client.ApiClient().sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
 

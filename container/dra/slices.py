@@ -29,14 +29,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from kubernetes.client import models as k
 
 from container.dra import mig_devices, names
 from container.dra.mig_devices import Profile
 from container.dra.quantity import bytes_quantity
-from healthd.api.v1 import partitions_pb2
+from healthd.api.v1 import partitions_pb2, topology_pb2
 
 MIB = 1 << 20
 TDM_MEMORY_STEP = 128 * MIB  # the daemon's memory granularity (proto/healthd/api/v1/partitions.proto)
@@ -102,12 +101,12 @@ def pci_bus_id(text: str) -> str:
     return f"{domain}:{match.group(1)}:{match.group(2)}.{match.group(3)}".lower()
 
 
-def nvlink_domains(topology: Any) -> dict[int, str]:
+def nvlink_domains(topology: topology_pb2.GetTopologyResponse) -> dict[int, str]:
     """Card index -> NVLink domain: cards joined by direct NVLinks or through NVSwitch, named by the fabric."""
     by_bus = {pci_bus_id(g.location.pci_bus_id): g.index for g in topology.gpus}
-    parent: dict[Any, Any] = {}
+    parent: dict[int | str, int | str] = {}  # card index, or "nvswitch" for the fabric
 
-    def find(x: Any) -> Any:
+    def find(x: int | str) -> int | str:
         while parent.setdefault(x, x) != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
@@ -123,7 +122,7 @@ def nvlink_domains(topology: Any) -> dict[int, str]:
             if other is not None:
                 parent[find(gpu.index)] = find(other)
     fabric = find("nvswitch") if "nvswitch" in parent else None
-    groups: dict[Any, list[int]] = {}
+    groups: dict[int | str, list[int]] = {}
     for index in linked:
         groups.setdefault(find(index), []).append(index)
     out = {}
@@ -132,7 +131,9 @@ def nvlink_domains(topology: Any) -> dict[int, str]:
     return out
 
 
-def _card_attributes(card: Any, gpu: Any, facts: NodeFacts, nvlink: str | None) -> dict[str, k.V1DeviceAttribute]:
+def _card_attributes(
+    card: partitions_pb2.CardCapacity, gpu: topology_pb2.TopologyGpu | None, facts: NodeFacts, nvlink: str | None
+) -> dict[str, k.V1DeviceAttribute]:
     attrs = {
         names.UUID: k.V1DeviceAttribute(string=card.gpu_uuid),
         names.INDEX: k.V1DeviceAttribute(int=card.gpu),
@@ -164,7 +165,9 @@ def _taints(taints: Sequence[CardTaint]) -> list[k.V1DeviceTaint] | None:
     ]
 
 
-def _tdm_device(card: Any, attrs: dict[str, k.V1DeviceAttribute], taints: list[k.V1DeviceTaint] | None) -> k.V1Device:
+def _tdm_device(
+    card: partitions_pb2.CardCapacity, attrs: dict[str, k.V1DeviceAttribute], taints: list[k.V1DeviceTaint] | None
+) -> k.V1Device:
     top = card.memory_total_bytes // TDM_MEMORY_STEP * TDM_MEMORY_STEP
     attrs = {**attrs, names.MODE: k.V1DeviceAttribute(string="tdm")}
     if card.tdm_sharing:
@@ -190,7 +193,7 @@ def _tdm_device(card: Any, attrs: dict[str, k.V1DeviceAttribute], taints: list[k
     )
 
 
-def _profiles(card: Any, facts: NodeFacts) -> list[Profile]:
+def _profiles(card: partitions_pb2.CardCapacity, facts: NodeFacts) -> list[Profile]:
     return mig_devices.usable(
         [
             Profile(
@@ -208,8 +211,8 @@ def _profiles(card: Any, facts: NodeFacts) -> list[Profile]:
 
 def build_pool(
     node_name: str,
-    capacity: Any,  # Partitions.GetCapacity's GetCapacityResponse
-    topology: Any,  # Topology.Get's GetTopologyResponse
+    capacity: partitions_pb2.GetCapacityResponse,
+    topology: topology_pb2.GetTopologyResponse,
     facts: NodeFacts | None = None,
     *,
     taints: Mapping[int, Sequence[CardTaint]] | None = None,

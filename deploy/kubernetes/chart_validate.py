@@ -98,7 +98,7 @@ def check_configs(docs: list[dict[str, Any]], where: str, tmp: Path) -> list[str
         plugin = tmp / f"{where.replace(' ', '-')}-plugin.toml"
         plugin.write_text(doc["data"]["plugin.toml"])
         code = (
-            "import sys; from deviceplugin.config import build_parser, load; "
+            "import sys; from container.deviceplugin.config import build_parser, load; "
             "load(build_parser().parse_args(['--config', sys.argv[1]]))"
         )
         out = subprocess.run(

@@ -15,9 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
+
+if TYPE_CHECKING:
+    from exporter.attribution.api.podresources.v1.api_pb2_grpc import PodResourcesListerStub
 
 log = structlog.get_logger("kubelet")
 
@@ -133,9 +137,10 @@ class KubeletPodResources:
                 options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)],
             )
             self._inode = inode
+        stub = _stub(self._channel)
         try:
-            allocations, pods = self._list()
-            allocatable = self._allocatable()
+            allocations, pods = self._list(stub)
+            allocatable = self._allocatable(stub)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             name = code.name if code is not None else "UNKNOWN"
@@ -168,16 +173,10 @@ class KubeletPodResources:
             failures=self._failures,
         )
 
-    def _stub(self) -> object:
-        from exporter.attribution.api.podresources.v1 import api_pb2_grpc
-
-        return api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
-
-    def _list(self) -> tuple[tuple[DeviceAllocation, ...], frozenset[tuple[str, str]]]:
+    def _list(self, stub: PodResourcesListerStub) -> tuple[tuple[DeviceAllocation, ...], frozenset[tuple[str, str]]]:
         from exporter.attribution.api.podresources.v1 import api_pb2
 
-        stub = self._stub()
-        reply = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.call_timeout)  # type: ignore[attr-defined]
+        reply = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.call_timeout)
         out: list[DeviceAllocation] = []
         pods = frozenset((pod.namespace, pod.name) for pod in reply.pod_resources)
         for pod in reply.pod_resources:
@@ -204,14 +203,11 @@ class KubeletPodResources:
             return None
         return {(a.resource_name, a.device_id): (a.namespace, a.pod, a.container) for a in view.allocations}
 
-    def _allocatable(self) -> tuple[tuple[str, str], ...]:
+    def _allocatable(self, stub: PodResourcesListerStub) -> tuple[tuple[str, str], ...]:
         from exporter.attribution.api.podresources.v1 import api_pb2
 
-        stub = self._stub()
         try:
-            reply = stub.GetAllocatableResources(  # type: ignore[attr-defined]
-                api_pb2.AllocatableResourcesRequest(), timeout=self.call_timeout
-            )
+            reply = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=self.call_timeout)
         except grpc.RpcError as exc:
             if hasattr(exc, "code") and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return ()  # kubelet before 1.21, or the feature gate off
@@ -223,6 +219,12 @@ class KubeletPodResources:
             self._channel.close()
         self._channel = None
         self._inode = None
+
+
+def _stub(channel: grpc.Channel) -> PodResourcesListerStub:
+    from exporter.attribution.api.podresources.v1 import api_pb2_grpc
+
+    return api_pb2_grpc.PodResourcesListerStub(channel)
 
 
 def split_device_id(device_id: str) -> tuple[str, int | None]:

@@ -53,19 +53,19 @@ class GuardedBackend:
 
     def open(self) -> None:
         b, d = self.access.backend, self.access.deadlines
-        self._run(NODE, "open", b.open, d.open_seconds)
+        self._run(NODE, "open", b.open, d.open_deadline_seconds)
 
     def close(self) -> None:
         b, d = self.access.backend, self.access.deadlines
-        self._run(NODE, "close", b.close, d.open_seconds)
+        self._run(NODE, "close", b.close, d.open_deadline_seconds)
 
     def system_info(self) -> SystemInfo:
         b, d = self.access.backend, self.access.deadlines
-        return self._run(NODE, "system_info", b.system_info, d.read_seconds)
+        return self._run(NODE, "system_info", b.system_info, d.call_deadline_seconds)
 
     def device_count(self) -> int:
         b, d = self.access.backend, self.access.deadlines
-        return self._run(NODE, "device_count", b.device_count, d.read_seconds)
+        return self._run(NODE, "device_count", b.device_count, d.call_deadline_seconds)
 
     def device_info(self, index: int) -> DeviceInfo:
         return self._run(index, "device_info", _bind(self.access.backend.device_info, index), self._read)
@@ -104,18 +104,18 @@ class GuardedBackend:
     def pcie_throughput(self, index: int) -> PcieThroughput:
         return self._run(index, "pcie_throughput", _bind(self.access.backend.pcie_throughput, index), self._read)
 
-    def submit(self, index: int, call: str, *args: Any) -> Pending[Any]:
+    def submit(self, index: int, call: str, *args: object) -> Pending[Any]:
         """Start one per-card read without waiting (the sampler fans a cycle out over every card this way)."""
         fn = getattr(self.access.backend, call)
         return self.access.submit(index, call, lambda: fn(index, *args), self._read)
 
     @property
     def _read(self) -> float:
-        return self.access.deadlines.read_seconds
+        return self.access.deadlines.call_deadline_seconds
 
     @property
     def _change(self) -> float:
-        return self.access.deadlines.change_seconds
+        return self.access.deadlines.change_deadline_seconds
 
 
 class AsyncDevice:
@@ -129,23 +129,23 @@ class AsyncDevice:
 
     async def device_count(self) -> int:
         b, d = self._access.backend, self._access.deadlines
-        return await self._run(NODE, "device_count", b.device_count, d.read_seconds).wait()
+        return await self._run(NODE, "device_count", b.device_count, d.call_deadline_seconds).wait()
 
     async def device_info(self, index: int) -> DeviceInfo:
         fn = _bind(self._access.backend.device_info, index)
-        return await self._run(index, "device_info", fn, self._access.deadlines.read_seconds).wait()
+        return await self._run(index, "device_info", fn, self._access.deadlines.call_deadline_seconds).wait()
 
     async def sample(self, index: int) -> DeviceSample:
         fn = _bind(self._access.backend.sample, index)
-        return await self._run(index, "sample", fn, self._access.deadlines.read_seconds).wait()
+        return await self._run(index, "sample", fn, self._access.deadlines.call_deadline_seconds).wait()
 
     async def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
         fn = _bind(self._access.backend.mig_instances, index)
-        return await self._run(index, "mig_instances", fn, self._access.deadlines.read_seconds).wait()
+        return await self._run(index, "mig_instances", fn, self._access.deadlines.call_deadline_seconds).wait()
 
     async def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
         fn = _bind(self._access.backend.mig_profiles, index)
-        return await self._run(index, "mig_profiles", fn, self._access.deadlines.read_seconds).wait()
+        return await self._run(index, "mig_profiles", fn, self._access.deadlines.call_deadline_seconds).wait()
 
     def create_mig_instance(self, index: int, profile_id: int, placement_start: int) -> Pending[MigInstance]:
         """Started at once; await ``.wait()``. The future completes even after a timeout (late creates are adopted)."""
@@ -154,13 +154,16 @@ class AsyncDevice:
             index,
             "create_mig_instance",
             lambda: fn(index, profile_id, placement_start),
-            self._access.deadlines.change_seconds,
+            self._access.deadlines.change_deadline_seconds,
         )
 
     async def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
         fn = self._access.backend.destroy_mig_instance
         await self._run(
-            index, "destroy_mig_instance", lambda: fn(index, gpu_instance_id), self._access.deadlines.change_seconds
+            index,
+            "destroy_mig_instance",
+            lambda: fn(index, gpu_instance_id),
+            self._access.deadlines.change_deadline_seconds,
         ).wait()
 
 

@@ -26,13 +26,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
-from exporter.snapshot import CallCounters
 
 T = TypeVar("T")
 log = structlog.get_logger("device")
@@ -42,18 +41,18 @@ EVENTS = "events"  # lane of the driver's event wait (it blocks by design, so it
 Scope = int | str  # a card index, NODE or EVENTS
 
 
-@dataclass(frozen=True, slots=True)
-class DeadlineSettings:
-    """How long a call may take before its card is considered hung."""
+class Deadlines(Protocol):
+    """How long a call may take before its card is considered hung: the ``[sampler]`` settings
+    (``exporter/sampler.py``) in the daemon, any object with these three in a test."""
 
-    read_seconds: float = 2.0  # reads: sample, processes, device_info, MIG listings, NVLink peers
-    change_seconds: float = 20.0  # MIG instance create/destroy (the driver reconfigures the card)
-    open_seconds: float = 10.0  # nvmlInit and friends
+    @property
+    def call_deadline_seconds(self) -> float: ...  # reads: sample, processes, device_info, MIG listings, NVLink peers
 
-    def __post_init__(self) -> None:
-        for name in ("read_seconds", "change_seconds", "open_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
+    @property
+    def change_deadline_seconds(self) -> float: ...  # MIG instance create/destroy (the driver reconfigures the card)
+
+    @property
+    def open_deadline_seconds(self) -> float: ...  # nvmlInit and friends
 
 
 class CallTimeoutError(BackendError):
@@ -107,6 +106,15 @@ def _fail(job: _Job, error: BaseException) -> None:
     """A job that never ran: its caller and anyone waiting for the driver's answer get the same error."""
     job.future.set_exception(error)
     job.outcome.set_exception(error)
+
+
+@dataclass(frozen=True, slots=True)
+class CallCounters:
+    """Running totals of backend calls by call name (backend method) since the daemon started."""
+
+    calls: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (call, code)
+    timeouts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class _Counters:
@@ -320,12 +328,12 @@ class DeviceAccess:
     def __init__(
         self,
         backend: Backend,
-        deadlines: DeadlineSettings | None = None,
+        deadlines: Deadlines,
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
-        self.deadlines = deadlines or DeadlineSettings()
+        self.deadlines = deadlines
         self._monotonic = monotonic
         self._counters = _Counters()
         self._lanes: dict[Scope, Lane] = {}
@@ -425,9 +433,10 @@ def _consume(future: asyncio.Future[Any]) -> None:
 __all__ = [
     "EVENTS",
     "NODE",
+    "CallCounters",
     "CallTimeoutError",
     "CardHungError",
-    "DeadlineSettings",
+    "Deadlines",
     "DeviceAccess",
     "HungCall",
     "Lane",

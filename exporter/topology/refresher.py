@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,17 +28,11 @@ from exporter.executor import SerialExecutor
 from exporter.snapshot import Snapshot
 from exporter.topology.discover import GpuIdentity, read_topology
 from exporter.topology.model import Topology
+from exporter.topology.settings import TopologySettings
 from exporter.topology.sysfs import Sysfs
 
 log = structlog.get_logger("topology")
 RETRY_SECONDS = 10.0  # until a topology with every card exists
-
-
-@dataclass(frozen=True, slots=True)
-class RefresherConfig:
-    sysfs_root: str = "/sys"
-    deadline_seconds: float = 10.0  # whole collection (each NVLink read has the device layer's read deadline)
-    refresh_seconds: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +49,16 @@ class TopologyRefresher:
         self,
         device: GuardedBackend,
         snapshot: Callable[[], Snapshot | None],
-        config: RefresherConfig | None = None,
+        settings: TopologySettings | None = None,
         *,
+        sysfs_root: Path = Path("/sys"),
         clock: Callable[[], float] = time.time,
         on_update: Callable[[Topology], None] | None = None,
     ) -> None:
         self._device = device
         self._snapshot = snapshot
-        self.config = config or RefresherConfig()
+        self.settings = settings or TopologySettings()
+        self._sysfs_root = sysfs_root
         self._clock = clock
         self._on_update = on_update
         self._lock = threading.Lock()
@@ -97,11 +94,11 @@ class TopologyRefresher:
                 self._collecting = self._collector.submit(self._collect, identities, missing)
             future = self._collecting
         try:
-            topology = future.result(timeout=self.config.deadline_seconds)
+            topology = future.result(timeout=self.settings.deadline_seconds)
         except FutureTimeout:
             with self._lock:
                 self._timeouts += 1
-            self._record_error(f"timeout: topology collection exceeded {self.config.deadline_seconds:g}s")
+            self._record_error(f"timeout: topology collection exceeded {self.settings.deadline_seconds:g}s")
             return self.latest()
         except Exception as exc:  # sysfs layout surprises must not take the daemon down
             log.exception("topology collection failed")
@@ -137,7 +134,7 @@ class TopologyRefresher:
             # retry soon until every card is in, then rarely
             snap = self._snapshot()
             complete = topology is not None and snap is not None and len(topology.gpus) == len(snap.gpus)
-            self._stop.wait(self.config.refresh_seconds if complete else RETRY_SECONDS)
+            self._stop.wait(self.settings.refresh_seconds if complete else RETRY_SECONDS)
 
     def _record_error(self, message: str) -> None:
         with self._lock:
@@ -166,7 +163,7 @@ class TopologyRefresher:
                 warnings.append(f"GPU {index}: nvlink_peers failed: {exc}")
                 continue
             peers[index] = None if result is UNSUPPORTED else tuple(result)
-        topology = read_topology(Sysfs(self.config.sysfs_root), identities, peers, collected_at=self._clock())
+        topology = read_topology(Sysfs(str(self._sysfs_root)), identities, peers, collected_at=self._clock())
         if warnings:
             topology = replace(topology, warnings=(*warnings, *topology.warnings))
         return topology

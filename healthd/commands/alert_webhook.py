@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 
 from exporter.http import parse_listen_address
-from healthd.daemon.logs import configure_logging
+from exporter.settings import ConfigError
 from healthd.hook.alertmanager import ForwarderFactory, GrpcHookForwarder, make_forwarder, serve
+from healthd.logs import configure_logging
 from healthd.rpc.transport import HookClientTls, is_tcp, load_pem_files
-from healthd.settings import ConfigError
 
 
 def grpc_forwarder_factory(tls: HookClientTls | None = None) -> ForwarderFactory | None:

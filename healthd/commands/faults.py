@@ -7,12 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from healthd.commands import args as argtypes
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
+
+if TYPE_CHECKING:
+    from healthd.api.v1 import health_pb2
 
 RECONNECT_MAX_SECONDS = 10.0
 
@@ -26,7 +29,7 @@ def _enum_name(name: str, members: type[Action] | type[Severity], what: str) -> 
         raise ValueError(f"{what}: expected one of {choices}, got {name!r}") from None
 
 
-def _gpu(f: Any) -> str:
+def _gpu(f: health_pb2.Fault) -> str:
     return str(f.gpu.index) if f.HasField("gpu") else "-"
 
 
@@ -34,7 +37,7 @@ def _label(enum_name: str) -> str:
     return enum_name.split("_", 1)[1].lower() if "_" in enum_name else enum_name.lower()
 
 
-def format_fault(f: Any) -> str:
+def format_fault(f: health_pb2.Fault) -> str:
     from healthd.api.v1 import health_pb2 as pb
 
     return (
@@ -44,7 +47,7 @@ def format_fault(f: Any) -> str:
     )
 
 
-def format_record(r: Any) -> str:
+def format_record(r: health_pb2.FaultRecord) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.at))
     detail = f"  ({r.detail})" if r.detail else ""
     return f"seq={r.seq} {stamp} {r.kind:9} {format_fault(r.fault)}{detail}"
@@ -66,7 +69,7 @@ def cmd_faults_list(args: argparse.Namespace, channel: grpc.Channel) -> int:
         if args.min_severity
         else "SEVERITY_UNSPECIFIED",
     )
-    stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.HealthStub(channel)
     reply = stub.ListFaults(request, timeout=args.timeout)
     if args.json:
         from google.protobuf import json_format
@@ -88,7 +91,7 @@ def cmd_faults_watch(args: argparse.Namespace, channel: grpc.Channel) -> int:
     last = args.after
     delay = 0.5
     while True:
-        stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.HealthStub(channel)
         try:
             for item in stub.WatchFaults(pb.WatchFaultsRequest(after_seq=last), wait_for_ready=True):
                 delay = 0.5
@@ -119,7 +122,7 @@ def cmd_faults_resolve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if not args.reason.strip():
         raise ValueError("--reason: say what was repaired")
     with grpc.insecure_channel(admin_address(args)) as admin:
-        stub = pb_grpc.HealthStub(admin)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.HealthStub(admin)
         reply = stub.ResolveFault(pb.ResolveFaultRequest(id=args.id, reason=args.reason), timeout=args.timeout)
     print(format_record(reply.record))
     return 0

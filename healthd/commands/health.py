@@ -31,7 +31,7 @@ def cmd_health(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import health_pb2 as pb
     from healthd.api.v1 import health_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.HealthStub(channel)
     reply = stub.GetNodeHealth(pb.GetNodeHealthRequest(), timeout=args.timeout)
     rows = [(c.check, str(c.gpu.index) if c.HasField("gpu") else "node", c.status) for c in reply.checks]
     if rows:

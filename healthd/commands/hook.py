@@ -9,18 +9,18 @@ from pathlib import Path
 
 import grpc
 
+from exporter.settings import ConfigError
 from healthd.commands.args import check_positive_seconds
-from healthd.daemon.state_files import CorruptStateError, StateFileError, move_aside_if_corrupt
 from healthd.rpc.addresses import check_grpc_address
 from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
-from healthd.settings import ConfigError
+from healthd.state_files import CorruptStateError, StateFileError, move_aside_if_corrupt
 
 DEFAULT_STATE = Path("/var/lib/xpu-runtime-kit/hook.sqlite")
 
 
 def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
-    from healthd.daemon.logs import configure_logging
     from healthd.hook.reference import serve
+    from healthd.logs import configure_logging
 
     try:
         check_grpc_address(args.listen)

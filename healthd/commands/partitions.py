@@ -12,21 +12,24 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 from google.protobuf import json_format
 
 from healthd.commands import args as argtypes
 
+if TYPE_CHECKING:
+    from healthd.api.v1 import partitions_pb2, partitions_pb2_grpc
+
 MODE_NAMES = {"none": "PARTITION_MODE_NONE", "tdm": "PARTITION_MODE_TDM", "mig": "PARTITION_MODE_MIG"}
 MODE_LABEL = {0: "?", 1: "none", 2: "tdm", 3: "mig"}
 
 
-def _stub(channel: grpc.Channel) -> Any:
+def _stub(channel: grpc.Channel) -> partitions_pb2_grpc.PartitionsStub:
     from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 
-    return pb_grpc.PartitionsStub(channel)  # type: ignore[no-untyped-call]
+    return pb_grpc.PartitionsStub(channel)
 
 
 def admin_address(args: argparse.Namespace) -> str:
@@ -41,7 +44,7 @@ def admin_address(args: argparse.Namespace) -> str:
     raise ValueError("--admin-socket is required when --socket is not a unix socket")
 
 
-def _owner(args: argparse.Namespace) -> Any:
+def _owner(args: argparse.Namespace) -> partitions_pb2.Owner:
     from healthd.api.v1 import partitions_pb2 as pb
 
     given = [x for x in (args.owner_pid, args.owner_container, args.owner_pod, args.owner_lease) if x]
@@ -60,7 +63,7 @@ def _owner(args: argparse.Namespace) -> Any:
     return pb.Owner(lease=pb.LeaseOwner(holder=holder, ttl_seconds=args.ttl))
 
 
-def _print_partitions(partitions: Sequence[Any], as_json: bool) -> None:
+def _print_partitions(partitions: Sequence[partitions_pb2.Partition], as_json: bool) -> None:
     if as_json:
         print(json.dumps([json_format.MessageToDict(p) for p in partitions], indent=2))
         return
@@ -73,7 +76,7 @@ def _print_partitions(partitions: Sequence[Any], as_json: bool) -> None:
         print(f"{p.id:16} {p.gpu:>3} {MODE_LABEL[p.mode]:4} {compute:>7} {memory:>10} {p.state:8} {owner:32} {device}")
 
 
-def _describe_owner(owner: Any) -> str:
+def _describe_owner(owner: partitions_pb2.Owner) -> str:
     which = owner.WhichOneof("kind")
     if which == "container":
         return f"container {owner.container.id[:12]}"

@@ -24,7 +24,7 @@ def cmd_simulate_inject(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.SimulationStub(channel)
     reply = stub.InjectFault(
         pb.InjectFaultRequest(kind=args.kind, gpu=args.gpu, params=_params(args.params)), timeout=args.timeout
     )
@@ -36,7 +36,7 @@ def cmd_simulate_clear(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.SimulationStub(channel)
     request = pb.ClearFaultsRequest() if args.gpu is None else pb.ClearFaultsRequest(gpu=args.gpu)
     print(stub.ClearFaults(request, timeout=args.timeout).description)
     return 0
@@ -46,7 +46,7 @@ def cmd_simulate_kinds(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.SimulationStub(channel)
     for kind in stub.ListFaultKinds(pb.ListFaultKindsRequest(), timeout=args.timeout).kinds:
         print(f"{kind.kind:16} {' '.join(p + '=' for p in kind.params)}")
     return 0

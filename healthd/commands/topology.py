@@ -19,14 +19,14 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import topology_pb2_grpc as pb_grpc
     from healthd.topology.service import topology_from_pb
 
-    stub = pb_grpc.TopologyStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.TopologyStub(channel)
     if args.preferred is None:
         reply = stub.Get(pb.GetTopologyRequest(), timeout=args.timeout)
         print(render_matrix(topology_from_pb(reply)), end="")
         return 0
     if args.preferred < 1:
         raise ValueError("--preferred: count must be at least 1")
-    reply = stub.PreferredAllocation(
+    choice = stub.PreferredAllocation(
         pb.PreferredAllocationRequest(
             count=args.preferred,
             available=args.available,
@@ -35,13 +35,13 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
         ),
         timeout=args.timeout,
     )
-    print(f"GPUs:       {','.join(str(g) for g in reply.gpus)}")
-    print(f"UUIDs:      {','.join(reply.uuids)}")
-    print(f"worst link: {reply.worst_link}{'' if reply.exact else ' (greedy search)'}")
-    if reply.excluded_faulty_gpus:
-        print(f"left out:   {','.join(str(g) for g in reply.excluded_faulty_gpus)} (active faults)")
+    print(f"GPUs:       {','.join(str(g) for g in choice.gpus)}")
+    print(f"UUIDs:      {','.join(choice.uuids)}")
+    print(f"worst link: {choice.worst_link}{'' if choice.exact else ' (greedy search)'}")
+    if choice.excluded_faulty_gpus:
+        print(f"left out:   {','.join(str(g) for g in choice.excluded_faulty_gpus)} (active faults)")
     print("NICs, nearest first:")
-    for nic in reply.nics:
+    for nic in choice.nics:
         print(f"  {nic.name:<10} {','.join(nic.netdevs):<14} {nic.link:<5} {nic.level:<17} nearest GPU{nic.gpu}")
     return 0
 

@@ -1,44 +1,76 @@
-"""The daemon: the backend and its host view, chosen once, and an ordered list of components.
+"""The daemon: the backend and its node context, chosen once, and the components built over it from one list.
 
-Start runs the components in order, stop in reverse, within a time budget that nothing hung can exceed: each
-component's stop gets its share and the daemon goes on when one overruns (healthd/daemon/lifecycle.py says when).
+``COMPONENTS`` is the list, in start order; each entry is a component module's ``build(node)``. Start runs the
+components in order, stop in reverse, within a time budget that nothing hung can exceed: each component's stop gets
+its share and the daemon goes on when one overruns (healthd/daemon/lifecycle.py says when).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 
 import structlog
 
+from exporter.backends.protocol import Backend
 from exporter.backends.select import choose_backend
-from exporter.health import stale_after
-from exporter.http import Health
 from exporter.snapshot import Snapshot
-from exporter.status_page import render_status_page
 from exporter.version import VERSION
 from exporter.webconfig import WebConfig
-from healthd.attribution.wiring import AttributionComponent
+from healthd.attribution import component as attribution
 from healthd.component import Component
-from healthd.config import Config
-from healthd.daemon.device import DeviceComponent
+from healthd.daemon import cards, device, health, metrics, rpc
+from healthd.daemon.config import Config
 from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
-from healthd.daemon.metrics import CardMetrics, MetricsEndpoint, last_xid_per_gpu
-from healthd.daemon.rpc import RpcEndpoints
-from healthd.daemon.status import NodeHealth
-from healthd.daemon.status_rows import status_providers
-from healthd.faults.component import HealthComponent
-from healthd.faults.out_of_service import gpus_out_of_service
-from healthd.host import choose_host
-from healthd.partition.planner import topology_aware
-from healthd.partition.wiring import PartitionsComponent
-from healthd.rpc.transport import is_tcp, load_grpc_tls, load_metrics_web_config, socket_group_id
-from healthd.sim.component import SimulationComponent
-from healthd.topology.wiring import TopologyComponent
+from healthd.daemon.metrics import MetricsEndpoint
+from healthd.host.view import choose_host
+from healthd.node import Builder, Node
+from healthd.partition import component as partitions
+from healthd.sim import component as simulation
+from healthd.topology import component as topology
 
 log = structlog.get_logger("main")
+
+# Started in this order, stopped in reverse. The simulated node's files come first and go last: every reader of the
+# node reads them. Attribution reads kubelet once before the first Snapshot, so the first one is attributed whole.
+# The sampler comes next and stops after everything that reads its Snapshots or calls the driver. The endpoints come
+# last: /metrics serves the collectors of every component before it, and the gRPC sockets appear once every service
+# behind them has started (and close first).
+COMPONENTS: tuple[Builder, ...] = (
+    simulation.build,
+    attribution.build,
+    device.build,
+    health.build,
+    topology.build,
+    cards.build,
+    partitions.build,
+    metrics.build,
+    rpc.build,
+)
+
+
+def open_node(config: Config, backend: Backend) -> Node:
+    """The node context for ``config`` on ``backend``: its sections, the host view chosen for the backend, the state
+    directory (made if missing)."""
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    sections = [getattr(config, f.name) for f in fields(Config) if f.name != "source"]
+    return Node(
+        [*sections, config],
+        backend,
+        choose_host(config.host, backend, config.state_dir),
+        state_dir=config.state_dir,
+        runtime_dir=config.runtime_dir,
+    )
+
+
+def build_components(node: Node, builders: tuple[Builder, ...] = COMPONENTS) -> tuple[Component, ...]:
+    for build in builders:
+        component = build(node)
+        if component is not None:
+            node.add(component)
+    return node.components
 
 
 class Daemon:
@@ -47,83 +79,16 @@ class Daemon:
         choice = choose_backend(config.simulate, allow_fallback=allow_fallback)
         self.backend = choice.backend
         self.backend_reason = choice.reason
-        config.state_dir.mkdir(parents=True, exist_ok=True)
-        self.host = choose_host(config.host, self.backend, config.state_dir)
-        self.device = DeviceComponent(config.sampler, self.backend)
-        sampler = self.sampler = self.device.sampler
-        self.attribution = AttributionComponent(config.attribution, self.host, sampler)
-        self.health = HealthComponent(
-            config.faults, config.hook, config.health, self.device.device, sampler, self.host, config.state_dir
-        )
-        self.topology = TopologyComponent(
-            config.topology, self.device.device, sampler, self.host.sysfs_root, self.gpus_out_of_service
-        )
-        self.partitions = (
-            PartitionsComponent(
-                config.partitions,
-                self.device.device,
-                self.host,
-                config.state_dir,
-                runtime_dir=config.runtime_dir,
-                snapshot=sampler.latest,
-                pod_exists=self.attribution.kubelet.pod_exists,
-                device_holders=self.attribution.kubelet.device_holders,
-                order_any=topology_aware(self.topology.first_card),
-                out_of_service=self.gpus_out_of_service,
-            )
-            if config.partitions.enabled
-            else None
-        )
-        cards = CardMetrics(config.exporter, last_xid_per_gpu(self.health.engine), self.attribution.attributor.latest)
-        parts: list[Component] = [self.device, self.attribution, self.health, self.topology, cards]
-        if self.partitions is not None:
-            parts.append(self.partitions)
-        parts.append(SimulationComponent(self.backend))
-        s = config.sampler
-        access = self.device.device.access
-        self.node = NodeHealth(
-            sampler.latest,
-            access,
-            stale_after(s.interval_seconds, access.deadlines.read_seconds, access.deadlines.open_seconds),
-            backlogs=self._backlogs,
-        )
-        self.status_providers = status_providers(
-            self.health.engine, self.partitions.manager if self.partitions else None
-        )
-        self.metrics = MetricsEndpoint(
-            config.metrics_listen,
-            sampler.latest,
-            [c for part in parts for c in part.collectors()],
-            health=self._healthz,
-            landing=self.status_page,
-            web_config=load_metrics_web_config(config.transport),
-            interval_seconds=s.interval_seconds,
-            # past this age a scrape renders afresh, so xpu_sample_age_seconds keeps growing when sampling stops
-            max_age_seconds=max(2 * s.interval_seconds, s.interval_seconds + 2 * s.call_deadline_seconds),
-        )
-        sampler.subscribe(self.metrics.exposition.publish, "exposition")
-        t = config.transport
-        self.rpc = RpcEndpoints(
-            [svc for part in parts for svc in part.services()],
-            self.node,
-            addresses=config.grpc_addresses,
-            tls=load_grpc_tls(t, [a for a in config.grpc_addresses if is_tcp(a)]),
-            socket_mode=t.grpc_socket_mode,
-            socket_group=socket_group_id(t.grpc_socket_group),
-            admin_socket=config.admin_socket,
-            admin_group=config.daemon.admin_group,
-        )
-        # started in this order, stopped in reverse: the driver first and last; the gRPC sockets appear once every
-        # service behind them has started (and close first), so no caller meets a service that is not there yet.
-        # Attribution comes first: it starts the simulated node's files before the first sample is handed out.
-        self.components: list[Component] = [self.attribution, self.device, self.health, self.metrics]
-        self.components += [p for p in parts if p not in self.components]
-        self.components.append(self.rpc)
+        self.node = open_node(config, self.backend)
+        self.components = build_components(self.node)
+        endpoint = self.node.built(MetricsEndpoint)
+        assert endpoint is not None, "the component list builds the metrics endpoint"
+        self.metrics = endpoint
 
     # ----- what the lifecycle (systemd) needs -------------------------------------------------------------------
 
     def latest(self) -> Snapshot | None:
-        return self.sampler.latest()
+        return self.node.sampler.latest()
 
     @property
     def stale_seconds(self) -> float:
@@ -136,31 +101,6 @@ class Daemon:
 
     def set_web_config(self, web_config: WebConfig | None) -> None:
         self.metrics.http.set_web_config(web_config)
-
-    # ----- cross-component views --------------------------------------------------------------------------------
-
-    def _backlogs(self) -> dict[str, int]:
-        runtime = self.health.runtime
-        return {"hook outbox": sum(runtime.dispatcher.depth.values()), "journal": runtime.io.backlog()}
-
-    def _healthz(self) -> Health:
-        status = self.node.status()
-        return Health(status.serving, f"{status.level}: {status.summary}")
-
-    def gpus_out_of_service(self) -> frozenset[int]:
-        """Cards kept from new work (``any`` placement, PreferredAllocation): active faults of action reset_gpu or
-        stronger, and cards whose driver calls are hung right now."""
-        hung = frozenset(self.device.device.access.hung_cards())
-        return gpus_out_of_service(self.health.engine.active_faults()) | hung
-
-    def status_page(self) -> str:
-        return render_status_page(
-            self.sampler.latest(),
-            providers=self.status_providers,
-            hostname=socket.gethostname(),
-            version=VERSION,
-            node=self.node.status(),
-        )
 
     # ----- start and stop ---------------------------------------------------------------------------------------
 

@@ -1,92 +1,33 @@
-"""The metrics side of the daemon: the card collectors (and dcgm-exporter's names), and /metrics with /healthz and
-the status page on the metrics port."""
+"""The metrics endpoint: /metrics over every component's collectors, /healthz from the node status, and the status
+page on the metrics port. Built after the components whose collectors it serves."""
 
 from __future__ import annotations
 
-import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import structlog
 
-from exporter.attribution.attributor import Attribution
-from exporter.collectors import Collector, default_collectors
-from exporter.collectors.dcgm_compat import DcgmCompatCollector
+from exporter.collectors import Collector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.executor import in_daemon_thread
 from exporter.exposition import PROMETHEUS_FORMATS, ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
+from exporter.sampler import SamplerSettings
 from exporter.snapshot import Snapshot
+from exporter.version import VERSION
 from exporter.webconfig import WebConfig
-from healthd.faults.engine import FaultEngine
-from healthd.rpc.server import Service
-from healthd.settings import option
+from healthd.component import ComponentBase
+from healthd.daemon.config import Config
+from healthd.daemon.status_page import render_status_page
+from healthd.node import Node
+from healthd.partition.component import PartitionsComponent
+from healthd.rpc.transport import load_metrics_web_config
 
 log = structlog.get_logger("metrics")
 
 
-@dataclass(frozen=True, slots=True)
-class ExporterSettings:
-    """[exporter]"""
-
-    dcgm_compat: bool = False  # also export dcgm-exporter's default series (docs/dcgm-compat.md)
-    # the host-name label of dcgm-compat series: "Hostname" for dcgm-exporter releases before 4.6.0-4.8.3
-    dcgm_hostname_label: str = option("hostname", choices=("hostname", "Hostname"))
-
-
-def last_xid_per_gpu(engine: FaultEngine) -> Callable[[], Mapping[int, int]]:
-    """The XID of each card's most recent active XID fault, for dcgm-exporter's DCGM_FI_DEV_XID_ERRORS."""
-
-    def read() -> Mapping[int, int]:
-        latest: dict[int, tuple[float, int]] = {}
-        for fault in engine.active_faults():
-            xid = fault.evidence.get("xid", "")
-            if fault.gpu is None or not fault.code.startswith("xid_") or not xid.isdigit():
-                continue
-            if fault.gpu.index not in latest or fault.last_seen >= latest[fault.gpu.index][0]:
-                latest[fault.gpu.index] = (fault.last_seen, int(xid))
-        return {gpu: xid for gpu, (_, xid) in latest.items()}
-
-    return read
-
-
-class CardMetrics:
-    """The card, MIG and exporter collectors (and, when asked, dcgm-exporter's series)."""
-
-    name = "cards"
-
-    def __init__(
-        self,
-        settings: ExporterSettings,
-        last_xid: Callable[[], Mapping[int, int]] | None = None,
-        attribution: Callable[[], Attribution | None] | None = None,
-    ) -> None:
-        self._collectors: list[Collector] = list(default_collectors())
-        if settings.dcgm_compat:  # dcgm-exporter names; the host name as dcgm-exporter sets it in Kubernetes
-            hostname = os.environ.get("NODE_NAME") or socket.gethostname()
-            self._collectors.append(
-                DcgmCompatCollector(
-                    hostname, last_xid, hostname_label=settings.dcgm_hostname_label, attribution=attribution
-                )
-            )
-
-    def collectors(self) -> Sequence[Collector]:
-        return self._collectors
-
-    def services(self) -> Sequence[Service]:
-        return ()
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-
-class MetricsEndpoint:
-    """/metrics over every component's collectors, /healthz from the node status, / the status page."""
-
+class MetricsEndpoint(ComponentBase):
     name = "http"
 
     def __init__(
@@ -112,12 +53,6 @@ class MetricsEndpoint:
             parse_listen_address(listen), self.exposition, health=health, landing=landing, web_config=web_config
         )
 
-    def collectors(self) -> Sequence[Collector]:
-        return ()
-
-    def services(self) -> Sequence[Service]:
-        return ()
-
     async def start(self) -> None:
         if (snapshot := self._latest()) is not None:  # the sampler's first, so the first scrape finds it rendered
             await in_daemon_thread(self.exposition.publish, snapshot)
@@ -126,3 +61,46 @@ class MetricsEndpoint:
 
     async def stop(self) -> None:
         await in_daemon_thread(self.http.stop)
+
+
+def status_page(node: Node) -> Callable[[], str]:
+    """The status page over the node's answers (and the partitions, where they are served)."""
+    partitions = node.built(PartitionsComponent)
+
+    def render() -> str:
+        return render_status_page(
+            node.sampler.latest(),
+            checks=node.check_states,
+            faults=node.active_faults,
+            partitions=partitions.records if partitions is not None else tuple,
+            hostname=socket.gethostname(),
+            version=VERSION,
+            node=node.status(),
+        )
+
+    return render
+
+
+def build(node: Node) -> MetricsEndpoint:
+    config = node.settings(Config)
+    sampling = node.settings(SamplerSettings)
+
+    def healthz() -> Health:
+        status = node.status()
+        return Health(status.serving, f"{status.level}: {status.summary}")
+
+    endpoint = MetricsEndpoint(
+        config.metrics_listen,
+        node.sampler.latest,
+        node.collectors(),
+        health=healthz,
+        landing=status_page(node),
+        web_config=load_metrics_web_config(config.transport),
+        interval_seconds=sampling.interval_seconds,
+        # past this age a scrape renders afresh, so xpu_sample_age_seconds keeps growing when sampling stops
+        max_age_seconds=max(
+            2 * sampling.interval_seconds, sampling.interval_seconds + 2 * sampling.call_deadline_seconds
+        ),
+    )
+    node.sampler.subscribe(endpoint.exposition.publish, "exposition")
+    return endpoint

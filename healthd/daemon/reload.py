@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
-from healthd.config import Config
+from healthd.daemon.config import Config
 from healthd.xid.watcher import XID_SECTION
 
 # Options applied in place on SIGHUP. The web config file is also re-read when its path did not change, so

@@ -1,5 +1,6 @@
 """The daemon's gRPC endpoints: every component's services on the main socket (and TCP with mTLS), the changes on
-the admin socket, and grpc.health.v1 on both kept in step with the node status."""
+the admin socket, and grpc.health.v1 on both kept in step with the node status. Built last, over the services of
+every component before it, so its sockets come up once everything behind them has started."""
 
 from __future__ import annotations
 
@@ -9,21 +10,23 @@ from pathlib import Path
 
 import structlog
 
-from exporter.collectors.base import Collector
-from healthd.daemon.status import GrpcHealth, NodeHealth
+from healthd.component import ComponentBase
+from healthd.daemon.config import Config
+from healthd.daemon.status import GrpcHealth, StatusSource
+from healthd.node import Node
 from healthd.rpc.server import GrpcServer, Service
-from healthd.rpc.transport import GrpcTls
+from healthd.rpc.transport import GrpcTls, is_tcp, load_grpc_tls, socket_group_id
 
 log = structlog.get_logger("grpc")
 
 
-class RpcEndpoints:
+class RpcEndpoints(ComponentBase):
     name = "grpc"
 
     def __init__(
         self,
         services: Sequence[Service],
-        node: NodeHealth,
+        node: StatusSource,
         *,
         addresses: Sequence[str],
         tls: GrpcTls | None,
@@ -49,12 +52,6 @@ class RpcEndpoints:
             {name: _all_ready(group) for name, group in readiness.items()},
         )
 
-    def collectors(self) -> Sequence[Collector]:
-        return ()
-
-    def services(self) -> Sequence[Service]:
-        return ()
-
     async def start(self) -> None:
         await self.main.start()
         await self.admin.start()
@@ -70,3 +67,18 @@ class RpcEndpoints:
 def _all_ready(services: Sequence[Service]) -> Callable[[], bool]:
     """A name served by several components is ready when each of them is."""
     return lambda: all(s.ready() for s in services)
+
+
+def build(node: Node) -> RpcEndpoints:
+    config = node.settings(Config)
+    transport = config.transport
+    return RpcEndpoints(
+        node.services(),
+        node,
+        addresses=config.grpc_addresses,
+        tls=load_grpc_tls(transport, [a for a in config.grpc_addresses if is_tcp(a)]),
+        socket_mode=transport.grpc_socket_mode,
+        socket_group=socket_group_id(transport.grpc_socket_group),
+        admin_socket=config.admin_socket,
+        admin_group=config.daemon.admin_group,
+    )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.backends.scenario import ScenarioError, load_scenario
 from exporter.http import parse_listen_address
-from healthd.config import Config
+from healthd.daemon.config import Config
 from healthd.rpc.addresses import check_grpc_address
 
 QUOTE_LIMIT = 100  # characters of an operator's value quoted back in a message
@@ -158,11 +158,11 @@ def move_aside_state(state_dir: Path, kind: str, names: OptionNames) -> str:
 
     A readable file is never moved (that would drop good state); StartupError says so.
     """
-    from healthd.daemon.state_files import StateFileError, move_aside_if_corrupt
+    from healthd.daemon.health import JOURNAL_FILE
     from healthd.faults.journal import Journal
-    from healthd.faults.runtime import JOURNAL_FILE
+    from healthd.partition.component import STATE_FILE
     from healthd.partition.store import Store
-    from healthd.partition.wiring import STATE_FILE
+    from healthd.state_files import StateFileError, move_aside_if_corrupt
 
     path = state_dir / (JOURNAL_FILE if kind == "faults" else STATE_FILE)
     if not path.exists():

@@ -1,6 +1,6 @@
-"""The daemon's one node status (exporter/health.py) from its parts, and the same in the standard gRPC health.
+"""The daemon's one node status (exporter/health.py, computed by the node context) in the standard gRPC health.
 
-``status()`` is cheap and thread-safe: /healthz (HTTP thread), the systemd STATUS line and the watchdog (event
+``Node.status()`` is cheap and thread-safe: /healthz (HTTP thread), the systemd STATUS line and the watchdog (event
 loop), and the status page all call it. ``GrpcHealth`` mirrors it into ``grpc.health.v1`` on every server:
 overall (``""``), per service (NOT_SERVING while that service cannot serve) and per card
 (``xpu.runtime.v1.gpu/<index>``: NOT_SERVING while the card is hung, lost, failing or stale), so a client that
@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
 
-from exporter.backends.lanes import DeviceAccess
-from exporter.health import CardState, NodeStatus, summarize
-from exporter.snapshot import Snapshot
+from exporter.health import CardState, NodeStatus
 
 log = structlog.get_logger("status")
 
@@ -27,35 +24,10 @@ GPU_SERVICE_PREFIX = "xpu.runtime.v1.gpu/"
 REFRESH_SECONDS = 1.0
 
 
-class NodeHealth:
-    def __init__(
-        self,
-        latest: Callable[[], Snapshot | None],
-        access: DeviceAccess,
-        stale_seconds: float,
-        backlogs: Callable[[], Mapping[str, int]] = dict,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._latest = latest
-        self._access = access
-        self.stale_seconds = stale_seconds
-        self._backlogs = backlogs
-        self._clock = clock
+class StatusSource(Protocol):
+    """The node status (healthd/node.py's ``Node.status``)."""
 
-    def status(self) -> NodeStatus:
-        try:
-            backlogs = self._backlogs()
-        except Exception:  # a broken backlog reader must not break /healthz
-            log.exception("backlog reader failed")
-            backlogs = {}
-        return summarize(
-            self._latest(),
-            now=self._clock(),
-            mono_now=self._access.now(),
-            stale_seconds=self.stale_seconds,
-            hung=self._access.hung(),
-            backlogs=backlogs,
-        )
+    def status(self) -> NodeStatus: ...
 
 
 class HealthTarget(Protocol):
@@ -69,7 +41,7 @@ class GrpcHealth:
 
     def __init__(
         self,
-        node: NodeHealth,
+        node: StatusSource,
         servers: Sequence[HealthTarget],
         services: Mapping[str, Callable[[], bool]],
     ) -> None:

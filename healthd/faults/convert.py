@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from healthd.api.v1 import health_pb2 as pb
+from healthd.api.v1 import hook_pb2 as hpb
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault, FaultRecord, FaultState
-from healthd.faults.model import Action, GpuRef, Severity
+from healthd.findings import Action, GpuRef, Severity
+from healthd.hook.report import report_of
 
 # proto enums keep 0 for "unspecified", so the domain values map by name (ACTION_NONE = 1, ...)
 SEVERITY_TO_PB = {s: f"SEVERITY_{s.name}" for s in Severity}
@@ -15,20 +17,18 @@ ACTION_TO_PB = {a: f"ACTION_{a.name}" for a in Action}
 STATE_TO_PB = {FaultState.ACTIVE: "FAULT_STATE_ACTIVE", FaultState.RESOLVED: "FAULT_STATE_RESOLVED"}
 
 
-def gpu_pb(pb: Any, gpu: GpuRef) -> Any:
+def gpu_pb(gpu: GpuRef) -> pb.GpuRef:
     return pb.GpuRef(index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id)
 
 
-def fault_pb(f: Fault) -> Any:
-    from healthd.api.v1 import health_pb2 as pb
-
+def fault_pb(f: Fault) -> pb.Fault:
     msg = pb.Fault(
         id=f.id,
         opened_seq=f.opened_seq,
         last_seq=f.last_seq,
         check=f.check,
         code=f.code,
-        kind=f.kind,
+        kind=f.kind.value,
         severity=SEVERITY_TO_PB[f.severity],
         action=ACTION_TO_PB[f.action],
         message=f.message,
@@ -43,48 +43,21 @@ def fault_pb(f: Fault) -> Any:
         flaps=f.flaps,
     )
     if f.gpu is not None:
-        msg.gpu.CopyFrom(gpu_pb(pb, f.gpu))
+        msg.gpu.CopyFrom(gpu_pb(f.gpu))
     return msg
 
 
-def record_pb(r: FaultRecord) -> Any:
-    from healthd.api.v1 import health_pb2 as pb
-
+def record_pb(r: FaultRecord) -> pb.FaultRecord:
     return pb.FaultRecord(seq=r.seq, kind=r.kind.value, at=r.at, detail=r.detail, fault=fault_pb(r.fault))
 
 
-def check_pb(c: CheckState) -> Any:
-    from healthd.api.v1 import health_pb2 as pb
-
+def check_pb(c: CheckState) -> pb.CheckHealth:
     msg = pb.CheckHealth(check=c.result.check, status=c.result.status.value, detail=c.result.detail, updated_at=c.at)
     if c.result.gpu is not None:
-        msg.gpu.CopyFrom(gpu_pb(pb, c.result.gpu))
+        msg.gpu.CopyFrom(gpu_pb(c.result.gpu))
     return msg
 
 
-def fault_report_pb(payload: str, seq: int, node_name: str) -> Any:
+def fault_report_pb(payload: str, seq: int, node_name: str) -> hpb.FaultReport:
     """The hook request for an outbox item (``payload`` is the fault JSON as queued)."""
-    from healthd.api.v1 import hook_pb2 as hpb
-
-    data = json.loads(payload)
-    gpu = data.get("gpu")
-    return hpb.FaultReport(
-        idempotency_key=data["id"],
-        node_name=node_name,
-        fault_id=data["id"],
-        seq=seq,
-        check=data["check"],
-        code=data["code"],
-        severity=data["severity"],
-        action=data["action"],
-        message=data["message"],
-        gpu_index=-1 if gpu is None else int(gpu["index"]),
-        gpu_uuid="" if gpu is None else gpu["uuid"],
-        pci_bus_id="" if gpu is None else gpu["pci_bus_id"],
-        evidence=data["evidence"],
-        first_seen=data["first_seen"],
-        last_seen=data["last_seen"],
-        count=data["count"],
-        boot_id=data["boot_id"],
-        fault_json=payload,
-    )
+    return report_of(json.loads(payload), document_json=payload, seq=seq, node_name=node_name)

@@ -44,8 +44,8 @@ import structlog
 from healthd.faults.escalation import RebootEscalation
 from healthd.faults.fault import Fault, FaultRecord, FaultState, RecordKind, identity_of, new_fault
 from healthd.faults.journal import Change, Journal
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport
 from healthd.faults.settings import FaultsSettings
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, FindingKind, GpuRef, ProbeReport
 
 log = structlog.get_logger("faults")
 
@@ -127,7 +127,7 @@ class FaultEngine:
         touched: list[Fault] = []
         seen: dict[str, Finding] = {}
         for finding in report.findings:
-            if finding.kind == "event":
+            if finding.kind is FindingKind.EVENT:
                 self._on_event(finding, now, changes, touched)
             else:
                 seen.setdefault(identity_of(finding.check, finding.code, finding.gpu), finding)
@@ -139,7 +139,7 @@ class FaultEngine:
             if check_matches and _scope_known(pending.finding.gpu, known):
                 del self._pending[identity]
         for identity, fault in list(self._active.items()):
-            if fault.check != report.check or fault.kind == "event" or identity in seen:
+            if fault.check != report.check or fault.kind is FindingKind.EVENT or identity in seen:
                 continue
             if not _scope_known(fault.gpu, known):
                 continue  # stale or missing data: neither worse nor better
@@ -168,7 +168,7 @@ class FaultEngine:
                 changes = [
                     self._resolve(f, now, f"no repeat for {self._s.event_quiet_seconds:g}s")
                     for f in list(self._active.values())
-                    if f.kind == "event"
+                    if f.kind is FindingKind.EVENT
                     and f.action < Action.RESET_GPU
                     and now - f.last_seen >= self._s.event_quiet_seconds
                 ]
@@ -344,16 +344,18 @@ class FaultEngine:
     def _commit(self, changes: list[Change], now: float, touched: Iterable[Fault]) -> list[FaultRecord]:
         """Write the batch (the caller holds ``_commit_lock``, not ``_state``), then publish it to readers."""
         touched = [t for t in touched if all(c.fault.id != t.id for c in changes)]
-        if not changes and not touched:
+        boots = self._escalation.unwritten()  # fatal identities seen in this boot, noted with these records
+        if not changes and not touched and not boots:
             return []
         try:
-            records = self._journal.commit(changes, now, touched=touched)
+            records = self._journal.commit(changes, now, touched=touched, fatal_boots=boots)
         except Exception:
             # the in-memory view ran ahead of the journal: reload it so nothing unjournaled is believed
             active = self._journal.active_faults()
             with self._state:
                 self._reload(active)
             raise
+        self._escalation.written(boots)
         with self._state:
             for fault in touched:
                 self._stored_at[fault.id] = now
@@ -392,7 +394,7 @@ class FaultEngine:
                 changes = [
                     self._resolve(f, now, f"node rebooted since (boot {f.boot_id[:8]} -> {self.boot_id[:8]})")
                     for f in list(self._active.values())
-                    if f.kind == "event"
+                    if f.kind is FindingKind.EVENT
                     and Action.RESET_GPU <= f.action <= Action.REBOOT_NODE
                     and f.boot_id != self.boot_id
                     and self.boot_id != "unknown"

@@ -7,15 +7,17 @@ fault as it was after the change, so a subscriber never needs a second lookup.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from healthd.faults.model import Action, Finding, GpuRef, Severity
+from healthd.findings import Action, Finding, FindingKind, GpuRef, Severity
 
 
 class FaultState(enum.StrEnum):
@@ -50,7 +52,7 @@ class Fault:
     opened_seq: int
     check: str
     code: str
-    kind: str  # "condition" or "event", from the finding that opened it
+    kind: FindingKind  # from the finding that opened it
     gpu: GpuRef | None
     severity: Severity
     action: Action
@@ -75,60 +77,67 @@ class Fault:
     def active(self) -> bool:
         return self.state is FaultState.ACTIVE
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "opened_seq": self.opened_seq,
-            "check": self.check,
-            "code": self.code,
-            "kind": self.kind,
-            "gpu": None
-            if self.gpu is None
-            else {"index": self.gpu.index, "uuid": self.gpu.uuid, "pci_bus_id": self.gpu.pci_bus_id},
-            "severity": self.severity.name.lower(),
-            "action": self.action.label,
-            "message": self.message,
-            "evidence": dict(self.evidence),
-            "first_seen": self.first_seen,
-            "last_seen": self.last_seen,
-            "count": self.count,
-            "state": self.state.value,
-            "boot_id": self.boot_id,
-            "resolved_at": self.resolved_at,
-            "resolve_reason": self.resolve_reason,
-            "hooked": self.hooked,
-            "last_seq": self.last_seq,
-            "flaps": self.flaps,
-        }
+    def to_json(self) -> dict[str, object]:
+        """The fault as the journal, the outbox and the hook's ``fault_json`` hold it: one key per field."""
+        return {name: _to_json(getattr(self, name)) for name, _, _ in _JSON_FIELDS}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Fault:
-        gpu = data["gpu"]
-        return cls(
-            id=data["id"],
-            opened_seq=int(data["opened_seq"]),
-            check=data["check"],
-            code=data["code"],
-            kind=data["kind"],
-            gpu=None if gpu is None else GpuRef(int(gpu["index"]), gpu["uuid"], gpu["pci_bus_id"]),
-            severity=Severity[data["severity"].upper()],
-            action=Action[data["action"].upper()],
-            message=data["message"],
-            evidence=_frozen(data["evidence"]),
-            first_seen=float(data["first_seen"]),
-            last_seen=float(data["last_seen"]),
-            count=int(data["count"]),
-            state=FaultState(data["state"]),
-            boot_id=data["boot_id"],
-            resolved_at=None if data["resolved_at"] is None else float(data["resolved_at"]),
-            resolve_reason=data["resolve_reason"],
-            hooked=bool(data["hooked"]),
-            last_seq=int(data["last_seq"]),
-            flaps=int(data.get("flaps", 0)),
-        )
+        """A fault from its JSON; a key missing from an older row takes the field's default (KeyError without one)."""
+        values: dict[str, Any] = {name: decode(data[name]) for name, decode, _ in _JSON_FIELDS if name in data}
+        missing = [name for name, _, required in _JSON_FIELDS if required and name not in values]
+        if missing:
+            raise KeyError(missing[0])
+        return cls(**values)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+# -- the fault's JSON, from the fields' types: a key per field; enums by name (IntEnum, lower case, as the hook
+# protocol writes severity and action) or value (StrEnum); a GPU as an object with GpuRef's fields; null for None
+
+
+def _to_json(value: object) -> object:
+    if isinstance(value, enum.StrEnum):
+        return value.value
+    if isinstance(value, enum.IntEnum):
+        return value.name.lower()
+    if isinstance(value, GpuRef):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _gpu_from_json(raw: Mapping[str, Any]) -> GpuRef:
+    return GpuRef(int(raw["index"]), raw["uuid"], raw["pci_bus_id"])
+
+
+def _decoder(hint: object) -> Callable[[Any], object]:
+    """How a field's JSON value becomes the field's value."""
+    if type(None) in typing.get_args(hint):  # X | None
+        (inner,) = (a for a in typing.get_args(hint) if a is not type(None))
+        decode = _decoder(inner)
+        return lambda raw: None if raw is None else decode(raw)
+    if hint is GpuRef:
+        return _gpu_from_json
+    if typing.get_origin(hint) is Mapping:
+        return _frozen
+    if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
+        members = hint
+        return lambda raw: members[raw.upper()]
+    if hint in (str, int, float, bool) or (isinstance(hint, type) and issubclass(hint, enum.StrEnum)):
+        return typing.cast("Callable[[Any], object]", hint)
+    raise TypeError(f"no JSON form for a field of type {hint}")  # a new field's type: a bug, found at import
+
+
+# (name, decoder, required) for each field of Fault, in declaration order
+_JSON_FIELDS = tuple(
+    (f.name, _decoder(hint), f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    for f in dataclasses.fields(Fault)
+    for hint in [typing.get_type_hints(Fault)[f.name]]
+)
 
 
 def new_fault(

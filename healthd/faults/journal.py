@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from healthd.daemon.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 from healthd.faults.fault import Fault, FaultFilter, FaultRecord, OutboxItem, RecordKind
+from healthd.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 
 JOURNAL_WHAT = "fault journal"
 
@@ -83,17 +83,30 @@ class Journal:
 
     # -- writes ------------------------------------------------------------------------------------------------
 
-    def commit(self, changes: Sequence[Change], at: float, *, touched: Iterable[Fault] = ()) -> list[FaultRecord]:
+    def commit(
+        self,
+        changes: Sequence[Change],
+        at: float,
+        *,
+        touched: Iterable[Fault] = (),
+        fatal_boots: Iterable[tuple[str, str]] = (),
+    ) -> list[FaultRecord]:
         """Write records (with the next sequence numbers) plus silent state updates, in one transaction.
 
         ``touched`` faults are stored without a record (e.g. a condition's last_seen). The faults in ``changes``
         are stored with ``last_seq`` set to their record's sequence number; the returned records carry them.
+        ``fatal_boots`` are (identity, boot id) pairs: a fatal identity seen in that boot, noted at ``at``.
         """
         records: list[FaultRecord] = []
         with self._lock:
             seq = self._last_seq
             try:
                 self._db.execute("BEGIN IMMEDIATE")
+                for identity, boot_id in fatal_boots:
+                    self._db.execute(
+                        "INSERT OR IGNORE INTO fatal_boots (identity, boot_id, first_seen) VALUES (?, ?, ?)",
+                        (identity, boot_id, at),
+                    )
                 for fault in touched:
                     self._store_fault(fault)
                 for change in changes:
@@ -139,18 +152,15 @@ class Journal:
             ),
         )
 
-    def note_fatal_boot(self, identity: str, boot_id: str, now: float, window_seconds: float) -> int:
-        """Remember that a fatal identity was seen in this boot; return in how many boots it was seen lately."""
+    def fatal_boots(self, identity: str, boot_id: str, since: float) -> tuple[int, bool]:
+        """In how many boots since ``since`` a fatal identity was seen, and whether ``boot_id`` is noted already."""
         with self._lock:
-            self._db.execute(
-                "INSERT OR IGNORE INTO fatal_boots (identity, boot_id, first_seen) VALUES (?, ?, ?)",
-                (identity, boot_id, now),
-            )
             row = self._db.execute(
-                "SELECT COUNT(*) FROM fatal_boots WHERE identity = ? AND first_seen >= ?",
-                (identity, now - window_seconds),
+                "SELECT COALESCE(SUM(first_seen >= ?), 0), COALESCE(SUM(boot_id = ?), 0) FROM fatal_boots"
+                " WHERE identity = ?",
+                (since, boot_id, identity),
             ).fetchone()
-        return int(row[0])
+        return int(row[0]), bool(row[1])
 
     def prune(self, now: float, max_age_seconds: float, max_resolved: int) -> int:
         """Drop resolved faults and records older than the retention, and resolved faults beyond the count."""

@@ -12,8 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter.snapshot import Snapshot
 from healthd.faults.engine import FaultEngine
-from healthd.faults.model import CheckStatus, GpuRef
 from healthd.faults.outbox import HookDispatcher
+from healthd.findings import CheckStatus, GpuRef
 
 STATUS_VALUES = tuple(s.value for s in CheckStatus)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from healthd.faults.fault import Fault
-from healthd.faults.model import Action
+from healthd.findings import Action
 
 HUNG_OR_LOST_CODES = frozenset({"driver_call_timeout", "gpu_lost"})
 

@@ -9,24 +9,29 @@ hook sees the node's faults as they happened). The fault id is the idempotency k
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import grpc
 import structlog
 
+from exporter.settings import ConfigError
 from healthd.faults.convert import fault_report_pb
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
-from healthd.faults.settings import HookSettings
-from healthd.rpc.transport import hook_channel, is_tcp, load_hook_tls
-from healthd.settings import ConfigError
+from healthd.faults.settings import HookSettings, load_hook_tls
+from healthd.rpc.transport import hook_channel, is_tcp
+
+if TYPE_CHECKING:
+    from healthd.api.v1.hook_pb2_grpc import ReplacementHookAsyncStub
 
 T = TypeVar("T")
+P = ParamSpec("P")
 log = structlog.get_logger("hook")
 
 IDLE_RECHECK_SECONDS = 60.0
@@ -62,8 +67,8 @@ class HookDispatcher:
         self.delivered: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
         self.depth: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
 
-    async def _journal_call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+    async def _journal_call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(fn, *args, **kwargs))
 
     def start(self) -> None:
         for target in self._s.endpoints:
@@ -106,7 +111,7 @@ class HookDispatcher:
                 await asyncio.sleep(self._s.backoff_max_seconds)
                 continue
             async with channel:
-                stub = hpb_grpc.ReplacementHookStub(channel)  # type: ignore[no-untyped-call]
+                stub = hpb_grpc.ReplacementHookStub(channel)
                 while self._tls_files(target) == files:
                     try:
                         await self._step(target, stub)
@@ -117,7 +122,7 @@ class HookDispatcher:
                         await asyncio.sleep(self._s.backoff_initial_seconds)
             log.info("hook TLS files changed; reconnecting with them", target=target)
 
-    async def _step(self, target: str, stub: Any) -> None:
+    async def _step(self, target: str, stub: ReplacementHookAsyncStub) -> None:
         seen = self._signal.seq
         item = await self._journal_call(self._journal.outbox_head, target)
         depth = await self._journal_call(self._journal.outbox_depth)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import grpc
 
@@ -14,12 +15,13 @@ from healthd.api.v1 import health_pb2_grpc as pb_grpc
 from healthd.faults.convert import check_pb, fault_pb, record_pb
 from healthd.faults.engine import FaultEngine
 from healthd.faults.fault import FaultFilter, FaultState
-from healthd.faults.model import Action, Severity
 from healthd.faults.notify import CommitSignal
+from healthd.findings import Action, Severity
 from healthd.rpc.errors import failure, from_invalid_field, not_found
 from healthd.rpc.validation import InvalidField, check_ascii_token, check_text, parse_gpu_ref, quote
 
 T = TypeVar("T")
+P = ParamSpec("P")
 SERVICE_NAME = "xpu.runtime.v1.Health"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
@@ -30,7 +32,7 @@ MAX_REASON_CHARS = 512
 MAX_ID_CHARS = 64
 
 
-def parse_filter(request: Any) -> FaultFilter:
+def parse_filter(request: pb.ListFaultsRequest) -> FaultFilter:
     """ListFaultsRequest -> FaultFilter; InvalidField (-> INVALID_ARGUMENT) names the bad field."""
     gpu = "" if not request.gpu else str(parse_gpu_ref(request.gpu, "gpu"))  # "03" -> "3"; "٣" is refused
     check = check_ascii_token(request.check, "check", max_chars=MAX_CHECK_CHARS)
@@ -79,10 +81,14 @@ class HealthService(pb_grpc.HealthServicer):
         self._io = journal_io
         self._writable = writable
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+    async def _read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(fn, *args, **kwargs))
 
-    async def GetNodeHealth(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetNodeHealth(  # noqa: N802
+        self,
+        request: pb.GetNodeHealthRequest,
+        context: grpc.aio.ServicerContext[pb.GetNodeHealthRequest, pb.GetNodeHealthResponse],
+    ) -> pb.GetNodeHealthResponse:
         checks = sorted(
             self._engine.check_states(),
             key=lambda c: (c.result.check, -1 if c.result.gpu is None else c.result.gpu.index),
@@ -94,7 +100,11 @@ class HealthService(pb_grpc.HealthServicer):
             boot_id=self._engine.boot_id,
         )
 
-    async def ListFaults(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ListFaults(  # noqa: N802
+        self,
+        request: pb.ListFaultsRequest,
+        context: grpc.aio.ServicerContext[pb.ListFaultsRequest, pb.ListFaultsResponse],
+    ) -> pb.ListFaultsResponse:
         try:
             flt = parse_filter(request)
         except InvalidField as exc:
@@ -103,7 +113,11 @@ class HealthService(pb_grpc.HealthServicer):
         faults = await self._read(self._journal.list_faults, flt)
         return pb.ListFaultsResponse(faults=[fault_pb(f) for f in faults], last_seq=last_seq)
 
-    async def WatchFaults(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+    async def WatchFaults(  # noqa: N802
+        self,
+        request: pb.WatchFaultsRequest,
+        context: grpc.aio.ServicerContext[pb.WatchFaultsRequest, pb.WatchFaultsResponse],
+    ) -> AsyncIterator[pb.WatchFaultsResponse]:
         last = request.after_seq
         if last > self._journal.last_seq:
             raise failure(
@@ -128,7 +142,11 @@ class HealthService(pb_grpc.HealthServicer):
                 yield pb.WatchFaultsResponse(record=record_pb(record))
                 last = record.seq
 
-    async def ResolveFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ResolveFault(  # noqa: N802
+        self,
+        request: pb.ResolveFaultRequest,
+        context: grpc.aio.ServicerContext[pb.ResolveFaultRequest, pb.ResolveFaultResponse],
+    ) -> pb.ResolveFaultResponse:
         if not self._writable:
             raise failure(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -146,5 +164,5 @@ class HealthService(pb_grpc.HealthServicer):
         return pb.ResolveFaultResponse(record=record_pb(record))
 
 
-def add_to_server(servicer: object, server: object) -> None:
-    pb_grpc.add_HealthServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+def add_to_server(servicer: pb_grpc.HealthServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_HealthServicer_to_server(servicer, server)

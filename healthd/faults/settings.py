@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.settings import ConfigError, option
 from healthd.rpc.addresses import check_grpc_addresses
-from healthd.settings import ConfigError, option
+from healthd.rpc.transport import HookClientTls, is_tcp, load_pem_files
 
 DAY = 86400.0
 HOOK_ACTIONS = ("restart_app", "reset_gpu", "reboot_node", "replace_node")
@@ -55,3 +56,26 @@ class HookSettings:
             raise ConfigError(
                 f"hook.backoff_max_seconds: must be at least backoff_initial_seconds ({self.backoff_initial_seconds:g})"
             )
+
+
+def load_hook_tls(settings: HookSettings) -> HookClientTls | None:
+    """The client mTLS material when a hook endpoint is HOST:PORT; ConfigError naming the option otherwise."""
+    tcp = [e for e in settings.endpoints if is_tcp(e)]
+    if not tcp:
+        return None
+    files = {
+        "hook.tls_ca_file": settings.tls_ca_file,
+        "hook.tls_cert_file": settings.tls_cert_file,
+        "hook.tls_key_file": settings.tls_key_file,
+    }
+    for name, path in files.items():
+        if path is None:
+            raise ConfigError(
+                f"hook.endpoints: TCP endpoint {tcp[0]} is called with mTLS, but {name} is not set "
+                "(set tls_ca_file, tls_cert_file and tls_key_file in [hook], or use a unix: endpoint)"
+            )
+    ca_path, cert_path, key_path = (p for p in files.values() if p is not None)
+    cert, key, ca = load_pem_files(
+        cert_path, key_path, ca_path, ("hook.tls_cert_file", "hook.tls_key_file", "hook.tls_ca_file")
+    )
+    return HookClientTls(ca=ca, cert_chain=cert, private_key=key, server_name=settings.tls_server_name)

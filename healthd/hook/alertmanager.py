@@ -249,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("http request", line=format % args)
 
 
@@ -284,7 +284,7 @@ class GrpcHookForwarder:
             self._channel = grpc.secure_channel(address, *hook_credentials(tls))
         else:
             self._channel = grpc.insecure_channel(address)
-        self._stub = hook_pb2_grpc.ReplacementHookStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = hook_pb2_grpc.ReplacementHookStub(self._channel)
 
     def report(self, fault: Mapping[str, Any]) -> None:
         from healthd.api.v1 import hook_pb2

@@ -25,18 +25,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
 
 from healthd.api.v1 import hook_pb2 as hpb
 from healthd.api.v1 import hook_pb2_grpc as hpb_grpc
-from healthd.daemon.state_files import CorruptStateError, open_state_db, salvage_rows
+from healthd.hook.report import document_of
 from healthd.rpc.errors import from_invalid_field, unavailable
 from healthd.rpc.guard import RequestGuard
 from healthd.rpc.transport import GrpcTls, is_tcp, server_credentials
 from healthd.rpc.validation import InvalidField, check_text, quote
+from healthd.state_files import CorruptStateError, open_state_db, salvage_rows
 
 log = structlog.get_logger("hookserver")
 
@@ -114,7 +114,7 @@ class ExecutionStore:
             )
 
 
-def check_report(request: Any) -> None:
+def check_report(request: hpb.FaultReport) -> None:
     """Every field of a FaultReport within its limits; InvalidField (-> INVALID_ARGUMENT) names the first bad one."""
     check_text(request.idempotency_key, "idempotency_key", max_chars=MAX_KEY_CHARS, required=True)
     if request.seq > MAX_SEQ:
@@ -138,17 +138,6 @@ def check_report(request: Any) -> None:
         raise InvalidField("fault_json", f"at most {MAX_FAULT_JSON_CHARS} characters, got {len(request.fault_json)}")
 
 
-def _fault_from_json(text: str) -> dict[str, Any] | None:
-    """The stored fault when ``text`` is a JSON object; None otherwise (nesting too deep for the parser included)."""
-    if not text:
-        return None
-    try:
-        fault = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return fault if isinstance(fault, dict) else None
-
-
 def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
     """The error for a damaged hook file: moving it aside forgets which faults' commands already ran."""
     rows = salvage_rows(path, "SELECT COUNT(*) FROM executions NOT INDEXED WHERE exit_code = 0")
@@ -165,28 +154,10 @@ def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
     )
 
 
-def stdin_document(request: Any) -> bytes:
+def stdin_document(request: hpb.FaultReport) -> bytes:
     """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
-    fault = _fault_from_json(request.fault_json)
-    if fault is None:
-        fault = {
-            "id": request.fault_id,
-            "check": request.check,
-            "code": request.code,
-            "severity": request.severity,
-            "action": request.action,
-            "message": request.message,
-            "gpu": None
-            if request.gpu_index < 0
-            else {"index": request.gpu_index, "uuid": request.gpu_uuid, "pci_bus_id": request.pci_bus_id},
-            "evidence": dict(request.evidence),
-            "first_seen": request.first_seen,
-            "last_seen": request.last_seen,
-            "count": request.count,
-            "boot_id": request.boot_id,
-        }
     doc = {"idempotency_key": request.idempotency_key, "node_name": request.node_name, "seq": request.seq}
-    doc["fault"] = fault
+    doc["fault"] = document_of(request)
     return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
 
@@ -197,7 +168,9 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         self._timeout = command_timeout
         self._lock = asyncio.Lock()
 
-    async def ReportFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ReportFault(  # noqa: N802
+        self, request: hpb.FaultReport, context: grpc.aio.ServicerContext[hpb.FaultReport, hpb.ReportFaultAck]
+    ) -> hpb.ReportFaultAck:
         try:
             check_report(request)
         except InvalidField as exc:
@@ -219,7 +192,7 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
             raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
         return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
 
-    async def _run(self, request: Any, key: str) -> tuple[int, str]:
+    async def _run(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
         env = {
             **os.environ,
             "XPU_FAULT_ID": key,
@@ -278,7 +251,7 @@ async def serve(
         raise ValueError(f"--listen {listen}: a TCP hook needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca)")
     store = ExecutionStore(state)
     server = grpc.aio.server(interceptors=[RequestGuard()])
-    hpb_grpc.add_ReplacementHookServicer_to_server(  # type: ignore[no-untyped-call]
+    hpb_grpc.add_ReplacementHookServicer_to_server(
         ReferenceHook(store, command, command_timeout=command_timeout), server
     )
     _prepare_unix_socket(listen)

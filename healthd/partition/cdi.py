@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.atomic_file import write_text_atomic
-from healthd.partition.devnodes import DeviceNode
+from healthd.host.devices import DeviceNode
 from healthd.partition.edits import ContainerEdits
 
 CDI_KIND = "xpu-runtime-kit.io/gpu"

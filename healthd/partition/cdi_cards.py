@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from exporter.backends.types import DeviceInfo, Unsupported
-from healthd.partition.devnodes import HostDevices
+from healthd.host.devices import HostDevices
 from healthd.partition.edits import ContainerEdits
 
 

@@ -27,6 +27,8 @@ from healthd.partition.mps import MpsError
 from healthd.partition.owners import process_start_ticks
 from healthd.partition.planner import Quota
 from healthd.partition.quantity import MIB
+from healthd.partition.requests import check_owner
+from healthd.partition.settings import LEASE_MAX_SECONDS
 
 __all__ = ["CreateRequest", "PartitionCreation"]
 
@@ -61,13 +63,13 @@ class PartitionCreation(PartitionLedger):
     # ----- create ------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest) -> PartitionRecord:
-        request.owner.validate()
+        check_owner(request.owner)
         if request.compute_percent < 0 or request.compute_percent > 100:
             raise invalid(f"compute_percent: must be 1-100 or 0 for no limit, got {request.compute_percent}")
         if request.request_id and (len(request.request_id) > 128 or not request.request_id.isprintable()):
             raise invalid("request_id: expected at most 128 printable characters")
-        if request.lease_ttl_seconds < 0 or request.lease_ttl_seconds > self.settings.lease_max_seconds:
-            raise invalid(f"owner.lease.ttl_seconds: must be 0-{self.settings.lease_max_seconds:g}")
+        if request.lease_ttl_seconds < 0 or request.lease_ttl_seconds > LEASE_MAX_SECONDS:
+            raise invalid(f"owner.lease.ttl_seconds: must be 0-{LEASE_MAX_SECONDS:g}")
         if request.owner.kind is not OwnerKind.LEASE and request.lease_ttl_seconds:
             raise invalid("ttl_seconds applies only to lease owners")
         # The create runs as its own task: a caller that goes away (its deadline passed) does not cut it short

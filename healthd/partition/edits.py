@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from healthd.partition.devnodes import DeviceNode, HostDevices
+from healthd.host.devices import DeviceNode, HostDevices
 from healthd.partition.model import CardMode, PartitionRecord
 from healthd.partition.mps_spec import mps_memory
 

@@ -8,50 +8,44 @@ memory, then to the view that metrics and the API read. healthd/partition/manage
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
 
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from exporter.executor import SerialExecutor
+from exporter.sampler import SamplerSettings
 from exporter.snapshot import Snapshot
+from healthd.host.devices import HostDevices
 from healthd.partition import planner
 from healthd.partition.capacity import CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
 from healthd.partition.device_calls import driver
-from healthd.partition.devnodes import HostDevices
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, invalid, not_found, unavailable
 from healthd.partition.model import CardMode, PartitionRecord, State
 from healthd.partition.mps import MpsSupervisor
 from healthd.partition.owners import OwnerProbe
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import CardSharing, SharingPolicy
 from healthd.partition.store import Store
 from healthd.rpc.validation import InvalidField, parse_gpu_ref, quote
 
-__all__ = ["ManagerSettings", "PartitionLedger", "new_partition_id"]
+__all__ = ["PartitionLedger", "new_partition_id"]
 
 log = structlog.get_logger("partition")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerSettings:
-    lease_default_seconds: float = 300.0
-    lease_max_seconds: float = 86400.0
-    owner_grace_seconds: float = 60.0  # a partition is not reclaimed before its container had time to start
-    destroy_retry_seconds: float = 5.0  # how long a delete retries a MIG instance still in use
-    creating_timeout_seconds: float = 60.0  # a row still 'creating' this long with no create running is recovered
+P = ParamSpec("P")
 
 
 def new_partition_id() -> str:
@@ -67,7 +61,7 @@ class PartitionLedger:
         cdi: CdiWriter,
         owners: OwnerProbe,
         *,
-        settings: ManagerSettings = ManagerSettings(),
+        settings: PartitionSettings | None = None,
         clock: Callable[[], float],
         new_id: Callable[[], str] = new_partition_id,
         proc_root: Path = Path("/proc"),
@@ -76,16 +70,20 @@ class PartitionLedger:
         devices: HostDevices | None = None,
         default_sharing: SharingPolicy = SharingPolicy.ISOLATED,
         out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
+        destroy_retry_seconds: float = 5.0,  # how long a delete retries a MIG instance still in use
+        creating_timeout_seconds: float = 60.0,  # a row still 'creating' this long with no create running is recovered
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
         else:
-            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, DeadlineSettings())), True
+            self.device, self._owns_device = GuardedBackend(DeviceAccess(backend, SamplerSettings())), True
         self.store = store
         self.mps = mps
         self.cdi = cdi
         self.owners = owners
-        self.settings = settings
+        self.settings = settings or PartitionSettings()
+        self.destroy_retry_seconds = destroy_retry_seconds
+        self.creating_timeout_seconds = creating_timeout_seconds
         self._order_any = order_any
         self._out_of_service = out_of_service
         self.clock = clock
@@ -252,11 +250,11 @@ class PartitionLedger:
     def _card_sharing(self, gpu: int) -> CardSharing:
         return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)
 
-    async def _store(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)
+    async def _store(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._store_io, functools.partial(fn, *args, **kwargs))
 
-    async def _host(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._host_io, fn, *args)
+    async def _host(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._host_io, functools.partial(fn, *args, **kwargs))
 
     async def _insert(self, record: PartitionRecord) -> None:
         try:

@@ -21,12 +21,14 @@ from healthd.partition.capacity import CardCapacity, View
 from healthd.partition.creation import CreateRequest, PartitionCreation
 from healthd.partition.device_calls import MigInUseError, driver, find_instance, placement_of
 from healthd.partition.errors import Kind, PartitionError, invalid, precondition, unavailable
-from healthd.partition.ledger import ManagerSettings, new_partition_id
+from healthd.partition.ledger import new_partition_id
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsError
+from healthd.partition.requests import check_owner
+from healthd.partition.settings import LEASE_MAX_SECONDS
 from healthd.partition.sharing import SharingPolicy
 
-__all__ = ["CardCapacity", "CreateRequest", "ManagerSettings", "PartitionManager", "View", "new_partition_id"]
+__all__ = ["CardCapacity", "CreateRequest", "PartitionManager", "View", "new_partition_id"]
 
 log = structlog.get_logger("partition")
 
@@ -166,7 +168,7 @@ class PartitionManager(PartitionCreation):
             record = self._records.get(partition_id)
             if record is None:
                 return False
-            await self._teardown(record, retry_s=self.settings.destroy_retry_seconds, raise_in_use=True)
+            await self._teardown(record, retry_s=self.destroy_retry_seconds, raise_in_use=True)
             return True
 
     async def _teardown(self, record: PartitionRecord, *, retry_s: float, raise_in_use: bool) -> bool:
@@ -209,8 +211,8 @@ class PartitionManager(PartitionCreation):
         record = self.get(partition_id)
         if record.owner.kind is not OwnerKind.LEASE:
             raise precondition(f"partition {partition_id} is owned by {record.owner.describe()}, not a lease")
-        if ttl_seconds < 0 or ttl_seconds > self.settings.lease_max_seconds:
-            raise invalid(f"ttl_seconds: must be 0-{self.settings.lease_max_seconds:g}")
+        if ttl_seconds < 0 or ttl_seconds > LEASE_MAX_SECONDS:
+            raise invalid(f"ttl_seconds: must be 0-{LEASE_MAX_SECONDS:g}")
         if record.state is not State.READY or self.clock() >= record.lease_expires_at:
             raise precondition(f"partition {partition_id}: lease expired; it is being reclaimed")
         record = replace(record, lease_expires_at=self.clock() + (ttl_seconds or self.settings.lease_default_seconds))
@@ -246,7 +248,7 @@ class PartitionManager(PartitionCreation):
                         reclaimed.append(record.id)
                 continue
             if record.state is State.CREATING:
-                stale = now - record.created_at >= self.settings.creating_timeout_seconds
+                stale = now - record.created_at >= self.creating_timeout_seconds
                 if stale and record.id not in self._creating:
                     async with self._card_locks[gpu]:
                         current = self._records.get(record.id)
@@ -274,7 +276,7 @@ class PartitionManager(PartitionCreation):
 
     async def rebind(self, partition_id: str, owner: Owner) -> PartitionRecord:
         """Give a ready partition a new owner (a kubelet device's lease becomes its pod); the lease ends with it."""
-        owner.validate()
+        check_owner(owner)
         gpu = self.get(partition_id).gpu
         async with self._card_locks[gpu]:
             record = self.get(partition_id)

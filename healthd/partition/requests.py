@@ -8,12 +8,12 @@ what the client sent (healthd/rpc/validation.py).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import grpc
 
-from healthd.partition.errors import Kind, PartitionError
-from healthd.partition.model import CONTAINER_ID, DNS_SUBDOMAIN, Owner, OwnerKind
+from healthd.api.v1 import partitions_pb2 as pb
+from healthd.partition.errors import Kind, PartitionError, invalid
+from healthd.partition.model import Owner, OwnerKind
 from healthd.partition.quantity import check_compute_percent, parse_memory_mib
 from healthd.rpc.errors import RpcFailure, invalid_argument, not_found
 from healthd.rpc.validation import (
@@ -35,6 +35,11 @@ MAX_PID = 4194304  # the kernel's largest pid_max
 MAX_RESOURCE_NAME_CHARS = 317  # a Kubernetes extended resource name: 253 + '/' + 63
 MAX_DEVICE_ID_CHARS = 256
 MAX_TTL_SECONDS = 10 * 365 * 86400.0  # the manager applies its own (smaller) limit with its own message
+CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}", re.ASCII)  # used with fullmatch: "$" would let a "\n" through
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+_RESOURCE_NAME = re.compile(  # a Kubernetes extended resource name: domain/name
+    r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII
+)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 _FIELD_PREFIX = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): (.+)", re.DOTALL)
 
@@ -65,7 +70,7 @@ def _name(value: str, field: str, pattern: re.Pattern[str], what: str) -> str:
     return value
 
 
-def owner_from_pb(owner: Any) -> tuple[Owner, float]:
+def owner_from_pb(owner: pb.Owner) -> tuple[Owner, float]:
     """(Owner, lease ttl seconds); InvalidField names the first bad field."""
     which = owner.WhichOneof("kind")
     if which == "container":
@@ -102,7 +107,38 @@ def owner_from_pb(owner: Any) -> tuple[Owner, float]:
     raise InvalidField("owner", "required: one of container, pod, process or lease")
 
 
-def kubelet_device(device: Any, field: str) -> tuple[str, str]:
+def check_owner(owner: Owner) -> None:
+    """An owner the manager is handed (from a request, or a pod kubelet lists), checked again in the API's terms:
+    PartitionError INVALID naming the field."""
+    if owner.resource_name or owner.device_id:
+        if owner.kind not in (OwnerKind.POD, OwnerKind.LEASE):
+            raise invalid("owner: a kubelet device goes with a lease or pod owner only")
+        if not _RESOURCE_NAME.fullmatch(owner.resource_name):
+            raise invalid(f"kubelet_device.resource_name: expected DOMAIN/NAME, got {owner.resource_name!r}")
+        if not owner.device_id or len(owner.device_id) > 256 or not owner.device_id.isprintable():
+            raise invalid("kubelet_device.device_id: expected 1-256 printable characters")
+    match owner.kind:
+        case OwnerKind.CONTAINER:
+            if not CONTAINER_ID.fullmatch(owner.container_id):
+                raise invalid(
+                    f"owner.container.id: expected 12-64 lowercase hex digits, got {quote(owner.container_id)}"
+                )
+            if owner.cgroup_path and (".." in owner.cgroup_path.split("/") or "\0" in owner.cgroup_path):
+                got = quote(owner.cgroup_path)
+                raise invalid(f"owner.container.cgroup_path: must stay under the cgroup root: {got}")
+        case OwnerKind.POD:
+            for name, value in (("namespace", owner.namespace), ("name", owner.pod), ("container", owner.container)):
+                if not DNS_SUBDOMAIN.fullmatch(value):
+                    raise invalid(f"owner.pod.{name}: expected a Kubernetes name, got {quote(value)}")
+        case OwnerKind.PROCESS:
+            if owner.pid <= 0:
+                raise invalid(f"owner.process.pid: must be a positive PID, got {owner.pid}")
+        case OwnerKind.LEASE:
+            if not owner.holder or len(owner.holder) > 253 or not owner.holder.isprintable():
+                raise invalid("owner.lease.holder: expected a printable name of 1-253 characters")
+
+
+def kubelet_device(device: pb.KubeletDevice, field: str) -> tuple[str, str]:
     """(resource name, device id) of the kubelet device a partition serves; both empty when none is named."""
     resource = check_text(device.resource_name, f"{field}.resource_name", max_chars=MAX_RESOURCE_NAME_CHARS)
     device_id = check_text(device.device_id, f"{field}.device_id", max_chars=MAX_DEVICE_ID_CHARS)
@@ -130,7 +166,7 @@ def memory_mib(text: str) -> int:
 NO_UID = 0xFFFFFFFF  # (uid_t)-1: "no uid" to the kernel (setuid ignores it), never a process's uid
 
 
-def client_uid(request: Any) -> int | None:
+def client_uid(request: pb.CreatePartitionRequest) -> int | None:
     """The optional ``client_uid`` of a create request: None when unset."""
     if not request.HasField("client_uid"):
         return None

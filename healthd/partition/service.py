@@ -8,12 +8,13 @@ file's mode and group on connect, which is what makes this hold.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
@@ -41,7 +42,7 @@ SHARING = {
 }
 
 
-def owner_to_pb(owner: Owner) -> Any:
+def owner_to_pb(owner: Owner) -> pb.Owner:
     match owner.kind:
         case OwnerKind.CONTAINER:
             return pb.Owner(container=pb.ContainerOwner(id=owner.container_id, cgroup_path=owner.cgroup_path))
@@ -60,11 +61,11 @@ def owner_to_pb(owner: Owner) -> Any:
             return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder, kubelet_device=_kubelet_device_pb(owner)))
 
 
-def _kubelet_device_pb(owner: Owner) -> Any:
+def _kubelet_device_pb(owner: Owner) -> pb.KubeletDevice | None:
     return pb.KubeletDevice(resource_name=owner.resource_name, device_id=owner.device_id) if owner.device_id else None
 
 
-def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
+def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> pb.Partition:
     edits = manager.edits(r) if r.state.value == "ready" else None
     msg = pb.Partition(
         id=r.id,
@@ -106,7 +107,7 @@ def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> Any:
     return msg
 
 
-def capacity_to_pb(c: CardCapacity) -> Any:
+def capacity_to_pb(c: CardCapacity) -> pb.CardCapacity:
     return pb.CardCapacity(
         gpu=c.gpu,
         gpu_uuid=c.gpu_uuid,
@@ -142,6 +143,92 @@ def capacity_to_pb(c: CardCapacity) -> Any:
     )
 
 
+def _card_mode(request: pb.SetCardModeRequest) -> tuple[str, CardMode, SharingPolicy | None]:
+    gpu = req.gpu_ref(request.gpu)
+    mode = MODES.get(request.mode)
+    if mode is None:
+        raise InvalidField("mode", f"must be NONE, TDM or MIG, got {request.mode}")
+    if request.sharing not in SHARING:
+        raise InvalidField("sharing", f"must be DEFAULT, ISOLATED or SHARED, got {request.sharing}")
+    return str(gpu), mode, SHARING[request.sharing]
+
+
+def _create_request(request: pb.CreatePartitionRequest) -> CreateRequest:
+    owner, ttl = req.owner_from_pb(request.owner)
+    return CreateRequest(
+        owner=owner,
+        gpu=str(req.gpu_ref(request.gpu, allow_any=True)),
+        compute_percent=req.compute_percent(request.compute_percent),
+        memory_mib=req.memory_mib(request.memory),
+        request_id=req.request_id(request.request_id),
+        lease_ttl_seconds=ttl,
+        allow_faulty_gpus=request.allow_faulty_gpus,
+        client_uid=req.client_uid(request),
+    )
+
+
+def _partition_id(request: pb.GetPartitionRequest | pb.DeletePartitionRequest) -> str:
+    return req.partition_id(request.id)
+
+
+def _lease_renewal(request: pb.RenewLeaseRequest) -> tuple[str, float]:
+    return req.partition_id(request.id), req.ttl_seconds(request.ttl_seconds)
+
+
+def _gpu_filter(request: pb.ListPartitionsRequest | pb.GetCapacityRequest) -> str:
+    """The card a read is about; "" for every card."""
+    return str(req.gpu_ref(request.gpu, optional=True) or "")
+
+
+def _card(gpu: str) -> tuple[str, str]:
+    return ("gpu", gpu)
+
+
+def _partition(pid: str) -> tuple[str, str]:
+    return ("partition", pid)
+
+
+Request = TypeVar("Request", bound=Message)
+Response = TypeVar("Response", bound=Message)
+Args = TypeVar("Args")
+Act: TypeAlias = "Callable[[PartitionsService, Args], Awaitable[Response]]"
+Handler: TypeAlias = (
+    "Callable[[PartitionsService, Request, grpc.aio.ServicerContext[Request, Response]], Coroutine[Any, Any, Response]]"
+)
+
+
+def _rpc(
+    parse: Callable[[Request], Args], resource: Callable[[Args], tuple[str, str]], *, writes: bool = False
+) -> Callable[[Act[Args, Response]], Handler[Request, Response]]:
+    """Every RPC one way: a change only on the admin socket; ``parse`` checks the request's fields (InvalidField ->
+    INVALID_ARGUMENT with a BadRequest field violation); then, once the partitions are ready, the decorated method
+    serves what ``parse`` returned, and a manager error becomes its status (a NOT_FOUND names ``resource`` of it in
+    a ResourceInfo). The request checks come before readiness: a malformed request is wrong whenever it comes."""
+
+    def decorate(act: Act[Args, Response]) -> Handler[Request, Response]:
+        method = act.__name__
+
+        @functools.wraps(act)
+        async def handle(
+            self: PartitionsService, request: Request, context: grpc.aio.ServicerContext[Request, Response]
+        ) -> Response:
+            if writes:
+                self._require_write(method)
+            try:
+                args = parse(request)
+            except InvalidField as exc:
+                raise from_invalid_field(exc) from None
+            self._require_ready()
+            try:
+                return await act(self, args)
+            except PartitionError as exc:
+                raise req.to_failure(exc, resource(args)) from None
+
+        return handle
+
+    return decorate
+
+
 class PartitionsService(pb_grpc.PartitionsServicer):
     """One instance per socket: ``writable`` only on the admin socket.
 
@@ -168,94 +255,31 @@ class PartitionsService(pb_grpc.PartitionsServicer):
                 f"{what} changes partitions: use the admin socket (this socket serves reads only)",
             )
 
-    async def SetCardMode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._require_write("SetCardMode")
-        with _checked():
-            gpu = req.gpu_ref(request.gpu)
-            mode = MODES.get(request.mode)
-            if mode is None:
-                raise InvalidField("mode", f"must be NONE, TDM or MIG, got {request.mode}")
-            if request.sharing not in SHARING:
-                raise InvalidField("sharing", f"must be DEFAULT, ISOLATED or SHARED, got {request.sharing}")
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("gpu", str(gpu))):
-            return capacity_to_pb(await self._m.set_mode(str(gpu), mode, SHARING[request.sharing]))
+    @_rpc(_card_mode, lambda change: _card(change[0]), writes=True)
+    async def SetCardMode(self, change: tuple[str, CardMode, SharingPolicy | None]) -> pb.CardCapacity:  # noqa: N802
+        return capacity_to_pb(await self._m.set_mode(*change))
 
-    async def CreatePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._require_write("CreatePartition")
-        with _checked():
-            owner, ttl = req.owner_from_pb(request.owner)
-            create = CreateRequest(
-                owner=owner,
-                gpu=str(req.gpu_ref(request.gpu, allow_any=True)),
-                compute_percent=req.compute_percent(request.compute_percent),
-                memory_mib=req.memory_mib(request.memory),
-                request_id=req.request_id(request.request_id),
-                lease_ttl_seconds=ttl,
-                allow_faulty_gpus=request.allow_faulty_gpus,
-                client_uid=req.client_uid(request),
-            )
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("gpu", create.gpu)):
-            record = await self._m.create(create)
-        return partition_to_pb(self._m, record)
+    @_rpc(_create_request, lambda create: _card(create.gpu), writes=True)
+    async def CreatePartition(self, create: CreateRequest) -> pb.Partition:  # noqa: N802
+        return partition_to_pb(self._m, await self._m.create(create))
 
-    async def GetPartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        with _checked():
-            pid = req.partition_id(request.id)
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("partition", pid)):
-            return partition_to_pb(self._m, self._m.get(pid))
+    @_rpc(_partition_id, _partition)
+    async def GetPartition(self, pid: str) -> pb.Partition:  # noqa: N802
+        return partition_to_pb(self._m, self._m.get(pid))
 
-    async def ListPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        with _checked():
-            gpu = req.gpu_ref(request.gpu, optional=True)
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("gpu", str(gpu or ""))):
-            records = self._m.list_partitions(str(gpu or ""))
+    @_rpc(_gpu_filter, _card)
+    async def ListPartitions(self, gpu: str) -> pb.ListPartitionsResponse:  # noqa: N802
+        records = self._m.list_partitions(gpu)
         return pb.ListPartitionsResponse(partitions=[partition_to_pb(self._m, r) for r in records])
 
-    async def DeletePartition(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._require_write("DeletePartition")
-        with _checked():
-            pid = req.partition_id(request.id)
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("partition", pid)):
-            deleted = await self._m.delete(pid)
-        return pb.DeletePartitionResponse(id=pid, deleted=deleted)
+    @_rpc(_partition_id, _partition, writes=True)
+    async def DeletePartition(self, pid: str) -> pb.DeletePartitionResponse:  # noqa: N802
+        return pb.DeletePartitionResponse(id=pid, deleted=await self._m.delete(pid))
 
-    async def RenewLease(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        self._require_write("RenewLease")
-        with _checked():
-            pid = req.partition_id(request.id)
-            ttl = req.ttl_seconds(request.ttl_seconds)
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("partition", pid)):
-            record = await self._m.renew_lease(pid, ttl)
-        return partition_to_pb(self._m, record)
+    @_rpc(_lease_renewal, lambda renewal: _partition(renewal[0]), writes=True)
+    async def RenewLease(self, renewal: tuple[str, float]) -> pb.Partition:  # noqa: N802
+        return partition_to_pb(self._m, await self._m.renew_lease(*renewal))
 
-    async def GetCapacity(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        with _checked():
-            gpu = req.gpu_ref(request.gpu, optional=True)
-        self._require_ready()  # after the request checks: a malformed request is wrong whenever it comes
-        with _manager_errors(("gpu", str(gpu or ""))):
-            cards = self._m.capacity(str(gpu or ""))
-        return pb.GetCapacityResponse(cards=[capacity_to_pb(c) for c in cards])
-
-
-@contextlib.contextmanager
-def _checked() -> Iterator[None]:
-    """Field checks: InvalidField -> INVALID_ARGUMENT with a BadRequest field violation."""
-    try:
-        yield
-    except InvalidField as exc:
-        raise from_invalid_field(exc) from None
-
-
-@contextlib.contextmanager
-def _manager_errors(resource: tuple[str, str]) -> Iterator[None]:
-    """Manager errors -> their status; NOT_FOUND names ``resource`` (type, name) in a ResourceInfo."""
-    try:
-        yield
-    except PartitionError as exc:
-        raise req.to_failure(exc, resource) from None
+    @_rpc(_gpu_filter, _card)
+    async def GetCapacity(self, gpu: str) -> pb.GetCapacityResponse:  # noqa: N802
+        return pb.GetCapacityResponse(cards=[capacity_to_pb(c) for c in self._m.capacity(gpu)])

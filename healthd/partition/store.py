@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from healthd.daemon.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
+from healthd.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 
 WHAT = "partition state"
 

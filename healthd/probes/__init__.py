@@ -1,7 +1,7 @@
 """Health probes: one module per check, each a plain object with ``name`` and ``evaluate(snapshot, now)``.
 
 ``PROBES`` is the registry. A probe module exports ``SECTION`` (its ``[health.<section>]`` table), ``Settings`` (a
-settings dataclass, read by healthd/settings.py) and ``build(settings, host)``; adding a probe is one file plus one
+settings dataclass, read by exporter/settings.py) and ``build(settings, host)``; adding a probe is one file plus one
 line here. On a simulated node the host's /proc and /sys describe the machine the simulator runs on, not the
 simulated GPUs, so the probe host gives those probes nothing to read there.
 """
@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
 
+from exporter.settings import ConfigError, check_keys, parse_section
+from healthd.host.view import ProbeHost
 from healthd.probes import configuration, driver, ecc, lost_cards, memory_leak, nvlink, pcie, throttle
-from healthd.probes.base import Probe, ProbeHost
-from healthd.settings import ConfigError, check_keys, parse_section
+from healthd.probes.base import Probe
 from healthd.xid.watcher import XID_SECTION, XidSettings
 
 PROBES: tuple[ModuleType, ...] = (

@@ -6,24 +6,13 @@ across evaluations (baselines, counters seen last time) lives on the probe insta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from exporter.snapshot import Snapshot
-from healthd.faults.model import ProbeReport
+from healthd.findings import ProbeReport
 
 
 class Probe(Protocol):
     name: str
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeHost:
-    """What a probe may read of the node besides Snapshots; None where nothing real is there (a simulated node)."""
-
-    proc_root: Path | None = None
-    sysfs_root: Path | None = None
-    state_dir: Path | None = None

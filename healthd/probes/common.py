@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-from exporter.snapshot import GpuSnapshot
-from healthd.faults.model import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from exporter.backends.types import DeviceSample
+from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.findings import CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 
 
 def gpu_ref(gpu: GpuSnapshot) -> GpuRef:
@@ -49,6 +50,21 @@ class ReportBuilder:
         self._findings.extend(findings)
         detail = "; ".join(f.message for f in findings) if findings else ok_detail
         self.result(gpu, status_of(findings), detail)
+
+    def fresh_cards(
+        self, snapshot: Snapshot, unsupported: Callable[[GpuSnapshot], str | None] = lambda gpu: None
+    ) -> Iterator[tuple[GpuSnapshot, GpuRef, DeviceSample]]:
+        """The cards with a fresh sample, each with the identity its findings carry and that sample. The others get
+        their result here and are skipped: ``unsupported`` (asked first, a reason or None) makes a card unsupported
+        whether or not it answers; a card without a fresh sample is unknown."""
+        for gpu in snapshot.gpus:
+            reason = unsupported(gpu)
+            if reason is not None:
+                self.unsupported(gpu_ref(gpu), reason)
+            elif not gpu.fresh or gpu.sample is None:
+                self.stale(gpu)
+            else:
+                yield gpu, gpu_ref(gpu), gpu.sample
 
     def stale(self, gpu: GpuSnapshot) -> None:
         self.result(gpu_ref(gpu), CheckStatus.UNKNOWN, stale_detail(gpu))

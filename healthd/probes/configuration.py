@@ -10,27 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.backends.types import ComputeMode, DeviceSample, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "configuration"
 
 
-@dataclass(frozen=True, slots=True)
-class ConfigurationExpectations:
-    # None: do not check. Default compute mode is what nvidia-smi shows on a stock node (H200 capture: Default).
-    compute_mode: ComputeMode | None = ComputeMode.DEFAULT
-    # GPUd persistence-mode component: supported but disabled -> unhealthy; NVSentinel: non-fatal. A warning here.
-    persistence_mode: bool | None = True
-    ecc_enabled: bool | None = True
-    pending_grace_seconds: float = 300.0
+SECTION = "configuration"
+COMPUTE_MODES = tuple(m.name.lower() for m in ComputeMode)
+ANY = "any"  # not checked
+_ON = {"on": True, "off": False, "enabled": True, "disabled": False}
 
-    def __post_init__(self) -> None:
-        if self.pending_grace_seconds < 0:
-            raise ValueError("pending_grace_seconds must be >= 0")
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.configuration]: what each card should be set to ("any": not checked)."""
+
+    # The default compute mode is what nvidia-smi shows on a stock node (H200 capture: Default).
+    compute_mode: str = option("default", choices=(*COMPUTE_MODES, ANY), lower=True)
+    # GPUd persistence-mode component: supported but disabled -> unhealthy; NVSentinel: non-fatal. A warning here.
+    persistence_mode: str = option("on", choices=("on", "off", ANY), lower=True)
+    ecc: str = option("enabled", choices=("enabled", "disabled", ANY), lower=True)
+    pending_grace_seconds: float = option(300.0, min=0)
 
 
 def _mode_name(mode: ComputeMode) -> str:
@@ -40,26 +44,26 @@ def _mode_name(mode: ComputeMode) -> str:
 class ConfigurationProbe:
     name = CHECK
 
-    def __init__(self, expected: ConfigurationExpectations | None = None) -> None:
-        self.expected = expected or ConfigurationExpectations()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = s = settings or Settings()
+        # what the cards should be, as the samples say it; None: not checked
+        self._want_compute_mode = None if s.compute_mode == ANY else ComputeMode[s.compute_mode.upper()]
+        self._want_persistence = _ON.get(s.persistence_mode)
+        self._want_ecc = _ON.get(s.ecc)
         self._pending_since: dict[tuple[str, str], float] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
+        for g, ref, s in report.fresh_cards(snapshot):
             key = g.uuid or str(g.index)
-            findings = self._compute_mode(ref, g.sample) + self._persistence(ref, g.sample) + self._ecc(ref, g.sample)
-            findings += self._pending(ref, key, "mig", g.sample.mig_mode_current, g.sample.mig_mode_pending, now)
-            findings += self._pending(ref, key, "ecc", g.sample.ecc.enabled_current, g.sample.ecc.enabled_pending, now)
+            findings = self._compute_mode(ref, s) + self._persistence(ref, s) + self._ecc(ref, s)
+            findings += self._pending(ref, key, "mig", s.mig_mode_current, s.mig_mode_pending, now)
+            findings += self._pending(ref, key, "ecc", s.ecc.enabled_current, s.ecc.enabled_pending, now)
             report.gpu_done(ref, findings, "configuration as expected")
         return report.build()
 
     def _compute_mode(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
-        want = self.expected.compute_mode
+        want = self._want_compute_mode
         mode = s.compute_mode
         if want is None or isinstance(mode, Unsupported) or mode is want:
             return []
@@ -78,7 +82,7 @@ class ConfigurationProbe:
         ]
 
     def _persistence(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
-        want = self.expected.persistence_mode
+        want = self._want_persistence
         if want is None or isinstance(s.persistence_mode, Unsupported) or s.persistence_mode is want:
             return []
         state = "on" if s.persistence_mode else "off"
@@ -95,7 +99,7 @@ class ConfigurationProbe:
         ]
 
     def _ecc(self, ref: GpuRef, s: DeviceSample) -> list[Finding]:
-        want = self.expected.ecc_enabled
+        want = self._want_ecc
         if want is None or isinstance(s.ecc.enabled_current, Unsupported) or s.ecc.enabled_current is want:
             return []
         state = "enabled" if s.ecc.enabled_current else "disabled"
@@ -118,7 +122,7 @@ class ConfigurationProbe:
             self._pending_since.pop((key, what), None)
             return []
         since = self._pending_since.setdefault((key, what), now)
-        if now - since < self.expected.pending_grace_seconds:
+        if now - since < self.settings.pending_grace_seconds:
             return []
         label = "MIG" if what == "mig" else "ECC"
         return [
@@ -135,28 +139,5 @@ class ConfigurationProbe:
         ]
 
 
-SECTION = "configuration"
-COMPUTE_MODES = tuple(m.name.lower() for m in ComputeMode)
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.configuration]: what each card should be set to ("any": not checked)."""
-
-    compute_mode: str = option("default", choices=(*COMPUTE_MODES, "any"), lower=True)
-    persistence_mode: str = option("on", choices=("on", "off", "any"), lower=True)
-    ecc: str = option("enabled", choices=("enabled", "disabled", "any"), lower=True)
-    pending_grace_seconds: float = option(300.0, min=0)
-
-
 def build(settings: Settings, host: ProbeHost) -> ConfigurationProbe:
-    compute = None if settings.compute_mode == "any" else ComputeMode[settings.compute_mode.upper()]
-    onoff = {"on": True, "off": False, "enabled": True, "disabled": False, "any": None}
-    return ConfigurationProbe(
-        ConfigurationExpectations(
-            compute_mode=compute,
-            persistence_mode=onoff[settings.persistence_mode],
-            ecc_enabled=onoff[settings.ecc],
-            pending_grace_seconds=settings.pending_grace_seconds,
-        )
-    )
+    return ConfigurationProbe(settings)

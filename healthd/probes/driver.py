@@ -15,11 +15,11 @@ from pathlib import Path
 
 from exporter.backends.recovery import RecoveryAction, decode_recovery_action, driver_branch
 from exporter.backends.types import Unsupported
+from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
 
 CHECK = "driver"
 _MODULE_VERSION_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
@@ -38,21 +38,19 @@ RECOVERY_ACTIONS: dict[RecoveryAction, tuple[Severity, Action]] = {
 }
 
 
+SECTION = "driver"
+
+
 @dataclass(frozen=True, slots=True)
-class DriverSettings:
-    proc_root: Path | None = Path("/proc")  # None: no kernel-module or D-state checks (simulated node)
+class Settings:
+    """[health.driver]"""
+
     # A call past its deadline is a warning at once and critical when the card stays stuck this long; GPUd reboots
     # after a D-state nvidia process persists 5 one-minute checks.
-    hang_after_seconds: float = 300.0
-    dstate_after_seconds: float = 300.0
+    hang_after_seconds: float = option(300.0, above=0)
+    dstate_after_seconds: float = option(300.0, above=0)
     # The /proc walk costs ~30 us per process (bench/probes.py); once every 30 s is plenty for a 300 s threshold.
-    dstate_scan_seconds: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.hang_after_seconds <= 0 or self.dstate_after_seconds <= 0:
-            raise ValueError("hang_after_seconds and dstate_after_seconds must be > 0")
-        if self.dstate_scan_seconds < 0:
-            raise ValueError("dstate_scan_seconds must be >= 0")
+    dstate_scan_seconds: float = option(30.0, min=0, max=3600)
 
 
 def read_module_version(proc_root: Path) -> str | None:
@@ -118,10 +116,13 @@ def _nvidia_frame(base: Path) -> str:
 
 
 class DriverProbe:
+    """``proc_root`` None: no kernel-module or D-state checks (a simulated node)."""
+
     name = CHECK
 
-    def __init__(self, settings: DriverSettings | None = None) -> None:
-        self.settings = settings or DriverSettings()
+    def __init__(self, settings: Settings | None = None, *, proc_root: Path | None = None) -> None:
+        self.settings = settings or Settings()
+        self.proc_root = proc_root
         self._stuck_since: dict[str, float] = {}
         self._dstate_since: dict[tuple[int, int], float] = {}
         self._dstate_current: dict[tuple[int, int], StuckProcess] = {}
@@ -165,7 +166,7 @@ class DriverProbe:
         )
 
     def _module_version(self, snapshot: Snapshot) -> list[Finding]:
-        root = self.settings.proc_root
+        root = self.proc_root
         if root is None or snapshot.system is None or not snapshot.backend_up:
             return []
         module = read_module_version(root)
@@ -185,7 +186,7 @@ class DriverProbe:
         ]
 
     def _dstate(self, now: float) -> list[Finding]:
-        root = self.settings.proc_root
+        root = self.proc_root
         if root is None:
             return []
         last = self._dstate_scanned_at
@@ -292,16 +293,5 @@ class DriverProbe:
         return None
 
 
-SECTION = "driver"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.driver]"""
-
-    hang_after_seconds: float = option(300.0, above=0)
-    dstate_after_seconds: float = option(300.0, above=0)
-
-
 def build(settings: Settings, host: ProbeHost) -> DriverProbe:
-    return DriverProbe(DriverSettings(host.proc_root, settings.hang_after_seconds, settings.dstate_after_seconds))
+    return DriverProbe(settings, proc_root=host.proc_root)

@@ -10,55 +10,48 @@ from collections import deque
 from dataclasses import dataclass
 
 from exporter.backends.types import DeviceSample, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "ecc"
 
 
+SECTION = "ecc"
+
+
 @dataclass(frozen=True, slots=True)
-class EccThresholds:
+class Settings:
+    """[health.ecc]"""
+
     # No anchor sets a correctable-error rate (DCGM's DCGM_LIMIT_MAX_SBE_RATE=10 is marked "dummy value"); ours is
     # a warning only, never an action: XID 92 (excessive SBE interrupts) is the driver's own signal.
-    correctable_rate_per_hour: float = 100.0
-    correctable_window_seconds: float = 3600.0
+    correctable_rate_per_hour: float = option(100.0, above=0)
+    correctable_window_seconds: float = option(3600.0, above=0)
     # A rate needs this much history, so a short burst right after start is not extrapolated to an hourly rate.
-    correctable_min_span_seconds: float = 600.0
+    correctable_min_span_seconds: float = option(600.0, above=0)
     # DCGM MonitorMemRowRemapUncorrectable: >= 512 uncorrectable remaps -> WARN (NVIDIA: 512 is the RMA limit).
-    uncorrectable_remap_warn: int = 512
-
-    def __post_init__(self) -> None:
-        if self.correctable_rate_per_hour <= 0:
-            raise ValueError("correctable_rate_per_hour must be > 0")
-        if self.correctable_window_seconds <= 0 or self.correctable_min_span_seconds <= 0:
-            raise ValueError("correctable_window_seconds and correctable_min_span_seconds must be > 0")
-        if self.uncorrectable_remap_warn < 1:
-            raise ValueError("uncorrectable_remap_warn must be >= 1")
+    uncorrectable_remap_warn: int = option(512, min=1)
 
 
 class EccProbe:
     name = CHECK
 
-    def __init__(self, thresholds: EccThresholds | None = None) -> None:
-        self.thresholds = thresholds or EccThresholds()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
         self._corrected: dict[str, deque[tuple[float, int]]] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            ecc = g.sample.ecc
-            rows = g.sample.remapped_rows
+        for g, ref, sample in report.fresh_cards(snapshot):
+            ecc = sample.ecc
+            rows = sample.remapped_rows
             if ecc.enabled_current is not True and isinstance(rows, Unsupported):
                 report.unsupported(ref, "ECC is off or not supported and the card has no row remapping")
                 continue
-            findings = self._ecc(ref, g.uuid or str(g.index), ecc.enabled_current is True, g.sample, now)
+            findings = self._ecc(ref, g.uuid or str(g.index), ecc.enabled_current is True, sample, now)
             if not isinstance(rows, Unsupported):
                 findings += self._remap(ref, rows.pending, rows.failure, rows.uncorrectable)
             report.gpu_done(ref, findings, "no ECC errors that need action")
@@ -85,7 +78,7 @@ class EccProbe:
             )
         if not isinstance(ecc.corrected_volatile, Unsupported):
             rate = self._corrected_rate(key, ecc.corrected_volatile, now)
-            if rate is not None and rate >= self.thresholds.correctable_rate_per_hour:
+            if rate is not None and rate >= self.settings.correctable_rate_per_hour:
                 out.append(
                     Finding(
                         CHECK,
@@ -93,7 +86,7 @@ class EccProbe:
                         Severity.WARNING,
                         Action.NONE,
                         f"correctable ECC errors at {rate:.0f}/h "
-                        f"(threshold {self.thresholds.correctable_rate_per_hour:g}/h)",
+                        f"(threshold {self.settings.correctable_rate_per_hour:g}/h)",
                         ref,
                         evidence(rate_per_hour=round(rate, 1), corrected_volatile=ecc.corrected_volatile),
                     )
@@ -101,7 +94,7 @@ class EccProbe:
         return out
 
     def _corrected_rate(self, key: str, count: int, now: float) -> float | None:
-        t = self.thresholds
+        t = self.settings
         history = self._corrected.setdefault(key, deque())
         if history and count < history[-1][1]:  # counter reset (GPU reset, driver reload)
             history.clear()
@@ -144,7 +137,7 @@ class EccProbe:
                     evidence(uncorrectable_remaps=uncorrectable),
                 )
             )
-        if uncorrectable >= self.thresholds.uncorrectable_remap_warn:
+        if uncorrectable >= self.settings.uncorrectable_remap_warn:
             out.append(
                 Finding(
                     CHECK,
@@ -152,7 +145,7 @@ class EccProbe:
                     Severity.WARNING,
                     Action.NONE,
                     f"{uncorrectable} rows remapped for uncorrectable errors "
-                    f"(threshold {self.thresholds.uncorrectable_remap_warn})",
+                    f"(threshold {self.settings.uncorrectable_remap_warn})",
                     ref,
                     evidence(uncorrectable_remaps=uncorrectable),
                 )
@@ -160,23 +153,5 @@ class EccProbe:
         return out
 
 
-SECTION = "ecc"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.ecc]"""
-
-    correctable_rate_per_hour: float = option(100.0, above=0)
-    correctable_window_seconds: float = option(3600.0, above=0)
-    uncorrectable_remap_warn: int = option(512, min=1)
-
-
 def build(settings: Settings, host: ProbeHost) -> EccProbe:
-    return EccProbe(
-        EccThresholds(
-            correctable_rate_per_hour=settings.correctable_rate_per_hour,
-            correctable_window_seconds=settings.correctable_window_seconds,
-            uncorrectable_remap_warn=settings.uncorrectable_remap_warn,
-        )
-    )
+    return EccProbe(settings)

@@ -17,11 +17,11 @@ from pathlib import Path
 import structlog
 
 from exporter.atomic_file import write_text_atomic
+from exporter.settings import option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
+from healthd.findings import Action, CheckStatus, Finding, ProbeReport, Severity
+from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
-from healthd.settings import option
 from healthd.xid.kmsg import normalize_pci
 
 log = structlog.get_logger("lost_cards")
@@ -32,15 +32,14 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
 
 
-@dataclass(frozen=True, slots=True)
-class LostCardSettings:
-    expected_count: int | None = None  # None: learn at first start and persist in state_dir
-    state_dir: Path | None = None  # None with expected_count None: no count check
-    sysfs_root: Path | None = Path("/sys")  # None: no PCI scan (simulated node)
+SECTION = "lost_cards"
 
-    def __post_init__(self) -> None:
-        if self.expected_count is not None and self.expected_count < 0:
-            raise ValueError("expected_count must be >= 0")
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.lost_cards]: ``expected_gpus`` unset (0) means learned at first start and kept in the state dir."""
+
+    expected_gpus: int = option(0, min=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +86,25 @@ class LearnedInventory:
 
 
 class LostCardProbe:
+    """``state_dir`` None (and no ``expected_gpus``): no count check; ``sysfs_root`` None: no PCI scan (a simulated
+    node)."""
+
     name = CHECK
 
-    def __init__(self, settings: LostCardSettings | None = None) -> None:
-        self.settings = settings or LostCardSettings()
+    def __init__(
+        self, settings: Settings | None = None, *, state_dir: Path | None = None, sysfs_root: Path | None = None
+    ) -> None:
+        self.settings = settings or Settings()
+        self.expected = self.settings.expected_gpus or None  # None: learned at first start, kept in state_dir
+        self.state_dir = state_dir
+        self.sysfs_root = sysfs_root
         self._learned: LearnedInventory | None = None
         self._state_error: str | None = None
         self._loaded = False
 
     @property
     def state_path(self) -> Path | None:
-        return None if self.settings.state_dir is None else self.settings.state_dir / INVENTORY_FILE
+        return None if self.state_dir is None else self.state_dir / INVENTORY_FILE
 
     def _load(self) -> None:
         self._loaded = True
@@ -145,13 +152,13 @@ class LostCardProbe:
         details: list[str] = []
         count_known = False
         if snapshot.backend_up:
-            if self.settings.expected_count is None:
+            if self.expected is None:
                 self._learn(snapshot, now)
-            expected = self.settings.expected_count
+            expected = self.expected
             source = "configured"
             if expected is None and self._learned is not None:
                 expected, source = self._learned.gpu_count, "learned"
-            if self._state_error is not None and self.settings.expected_count is None:
+            if self._state_error is not None and self.expected is None:
                 details.append(self._state_error)
             if expected is not None:
                 count_known = True
@@ -159,7 +166,7 @@ class LostCardProbe:
         else:
             details.append("driver library down: the driver probe reports it")
         pci_checked = False
-        if self.settings.sysfs_root is not None:
+        if self.sysfs_root is not None:
             pci_checked = True
             findings += self._pci(snapshot)
         for f in findings:
@@ -195,10 +202,10 @@ class LostCardProbe:
         ]
 
     def _pci(self, snapshot: Snapshot) -> list[Finding]:
-        assert self.settings.sysfs_root is not None
+        assert self.sysfs_root is not None
         known = {normalize_pci(g.info.pci_bus_id) for g in snapshot.gpus if g.info is not None}
         out: list[Finding] = []
-        for dev in scan_pci_gpus(self.settings.sysfs_root):
+        for dev in scan_pci_gpus(self.sysfs_root):
             if dev.address in known or (dev.driver and dev.driver != "nvidia"):
                 continue  # seen by NVML, or handed to another driver on purpose (vfio-pci passthrough)
             if dev.driver == "nvidia" and (not snapshot.backend_up or len(known) < len(snapshot.gpus)):
@@ -218,16 +225,5 @@ class LostCardProbe:
         return out
 
 
-SECTION = "lost_cards"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.lost_cards]: ``expected_gpus`` unset (0) means learned at first start and kept in the state dir."""
-
-    expected_gpus: int = option(0, min=0)
-
-
 def build(settings: Settings, host: ProbeHost) -> LostCardProbe:
-    expected = settings.expected_gpus or None
-    return LostCardProbe(LostCardSettings(expected, host.state_dir, host.sysfs_root))
+    return LostCardProbe(settings, state_dir=host.state_dir, sysfs_root=host.sysfs_root)

@@ -16,50 +16,44 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.backends.types import GpuProcess, Unsupported
+from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.faults.model import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "memory_leak"
-GIB = 2**30
+SECTION = "memory_leak"
+MIB = 2**20
 MPS_SERVER = "nvidia-cuda-mps-server"
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryLeakThresholds:
-    orphan_min_bytes: int = GIB  # unowned memory smaller than this is left alone
-    orphan_samples: int = 6  # consecutive samples (30 s at the default 5 s interval)
-    gone_samples: int = 6  # a listed pid missing from /proc this many samples in a row
-    legacy_reserved_bytes: int = GIB  # NVML v1 folds driver-reserved memory (616 MiB on the H200) into "used"
-    growth_window_seconds: float = 1800.0
-    growth_min_bytes: int = 2 * GIB
-    growth_min_samples: int = 10
+class Settings:
+    """[health.memory_leak]: sizes in MiB."""
 
-    def __post_init__(self) -> None:
-        for name in ("orphan_min_bytes", "orphan_samples", "gone_samples", "growth_min_bytes", "growth_min_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.legacy_reserved_bytes < 0 or self.growth_window_seconds <= 0:
-            raise ValueError("legacy_reserved_bytes must be >= 0 and growth_window_seconds > 0")
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryLeakSettings:
-    proc_root: Path | None = Path("/proc")  # None: no pid liveness check and no process names from /proc
-    thresholds: MemoryLeakThresholds = MemoryLeakThresholds()
+    orphan_min_mib: int = option(1024, min=1)  # unowned memory smaller than this is left alone
+    orphan_samples: int = option(6, min=1)  # consecutive samples (30 s at the default 5 s interval)
+    gone_samples: int = option(6, min=1)  # a listed pid missing from /proc this many samples in a row
+    # NVML v1 folds driver-reserved memory (616 MiB on the H200) into "used"; this much of it is allowed for
+    legacy_reserved_mib: int = option(1024, min=0)
+    growth_window_seconds: float = option(1800.0, above=0)
+    growth_min_mib: int = option(2048, min=1)
+    growth_min_samples: int = option(10, min=1)
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
+    return f"{n / MIB:.0f} MiB"
 
 
 class MemoryLeakProbe:
+    """``proc_root`` None: no pid liveness check and no process names from /proc."""
+
     name = CHECK
 
-    def __init__(self, settings: MemoryLeakSettings | None = None) -> None:
-        self.settings = settings or MemoryLeakSettings()
+    def __init__(self, settings: Settings | None = None, *, proc_root: Path | None = None) -> None:
+        self.settings = settings or Settings()
+        self.proc_root = proc_root
         self._orphan_streak: dict[str, int] = {}
         self._gone_streak: dict[tuple[str, int], int] = {}
         self._growth: dict[tuple[str, int], deque[tuple[float, int]]] = {}
@@ -67,11 +61,7 @@ class MemoryLeakProbe:
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
         live: set[tuple[str, int]] = set()
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
+        for g, ref, _ in report.fresh_cards(snapshot):
             key = g.uuid or str(g.index)
             if not g.processes_known:  # without the process list, all memory would look unowned
                 report.result(ref, CheckStatus.UNKNOWN, f"process list unknown: {g.partial_errors['processes']}")
@@ -88,15 +78,15 @@ class MemoryLeakProbe:
         return report.build()
 
     def _name(self, p: GpuProcess) -> str:
-        if p.name or self.settings.proc_root is None:
+        if p.name or self.proc_root is None:
             return p.name
         try:
-            return (self.settings.proc_root / str(p.pid) / "comm").read_text().strip()
+            return (self.proc_root / str(p.pid) / "comm").read_text().strip()
         except OSError:
             return ""
 
     def _orphan(self, ref: GpuRef, key: str, g: GpuSnapshot) -> tuple[list[Finding], str]:
-        t = self.settings.thresholds
+        t = self.settings
         assert g.sample is not None
         if any(isinstance(p.used_memory_bytes, Unsupported) for p in g.processes):
             self._orphan_streak.pop(key, None)
@@ -106,9 +96,9 @@ class MemoryLeakProbe:
             return [], "MPS server running: client memory is not listed per process"
         owned = sum(p.used_memory_bytes for p in g.processes if isinstance(p.used_memory_bytes, int))
         reserved = g.sample.memory_reserved_bytes
-        allowance = t.legacy_reserved_bytes if isinstance(reserved, Unsupported) else 0
+        allowance = t.legacy_reserved_mib * MIB if isinstance(reserved, Unsupported) else 0
         orphan = g.sample.memory_used_bytes - owned - allowance
-        if orphan < t.orphan_min_bytes:
+        if orphan < t.orphan_min_mib * MIB:
             self._orphan_streak.pop(key, None)
             return [], f"{_mib(g.sample.memory_used_bytes)} used, {len(g.processes)} process(es) own {_mib(owned)}"
         streak = self._orphan_streak[key] = self._orphan_streak.get(key, 0) + 1
@@ -132,7 +122,7 @@ class MemoryLeakProbe:
         ], ""
 
     def _gone(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...]) -> list[Finding]:
-        root = self.settings.proc_root
+        root = self.proc_root
         if root is None:
             return []
         out: list[Finding] = []
@@ -141,7 +131,7 @@ class MemoryLeakProbe:
                 self._gone_streak.pop((key, p.pid), None)
                 continue
             streak = self._gone_streak[(key, p.pid)] = self._gone_streak.get((key, p.pid), 0) + 1
-            if streak < self.settings.thresholds.gone_samples:
+            if streak < self.settings.gone_samples:
                 continue
             held = p.used_memory_bytes if isinstance(p.used_memory_bytes, int) else 0
             out.append(
@@ -158,7 +148,7 @@ class MemoryLeakProbe:
         return out
 
     def _grow(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...], now: float) -> list[Finding]:
-        t = self.settings.thresholds
+        t = self.settings
         out: list[Finding] = []
         for p in processes:
             if not isinstance(p.used_memory_bytes, int):
@@ -176,7 +166,7 @@ class MemoryLeakProbe:
             if (
                 len(history) >= t.growth_min_samples
                 and now - first_t >= 0.9 * t.growth_window_seconds
-                and grown >= t.growth_min_bytes
+                and grown >= t.growth_min_mib * MIB
                 and steps >= (len(history) - 1) // 2
             ):
                 out.append(
@@ -194,27 +184,5 @@ class MemoryLeakProbe:
         return out
 
 
-SECTION = "memory_leak"
-MIB = 2**20
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.memory_leak]: sizes in MiB."""
-
-    orphan_min_mib: int = option(1024, min=1)
-    orphan_samples: int = option(6, min=1)
-    gone_samples: int = option(6, min=1)
-    growth_window_seconds: float = option(1800.0, above=0)
-    growth_min_mib: int = option(2048, min=1)
-
-
 def build(settings: Settings, host: ProbeHost) -> MemoryLeakProbe:
-    thresholds = MemoryLeakThresholds(
-        orphan_min_bytes=settings.orphan_min_mib * MIB,
-        orphan_samples=settings.orphan_samples,
-        gone_samples=settings.gone_samples,
-        growth_window_seconds=settings.growth_window_seconds,
-        growth_min_bytes=settings.growth_min_mib * MIB,
-    )
-    return MemoryLeakProbe(MemoryLeakSettings(proc_root=host.proc_root, thresholds=thresholds))
+    return MemoryLeakProbe(settings, proc_root=host.proc_root)

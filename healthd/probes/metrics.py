@@ -1,9 +1,8 @@
-"""The probes' and the XID watcher's own counters, exported: how long each probe takes, how often it fails, what
-happened to each XID sighting, and how many kernel-log records were lost before they could be read."""
+"""The probes' own counters, exported: how long each probe takes and how often it fails."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -14,15 +13,8 @@ from healthd.probes.runner import ProbeRunner
 class ProbeCollector:
     name = "probes"
 
-    def __init__(
-        self,
-        runner: ProbeRunner,
-        xid_counts: Callable[[], Mapping[tuple[str, str], int]] = dict,
-        kmsg_overwritten: Callable[[], int] = lambda: 0,
-    ) -> None:
+    def __init__(self, runner: ProbeRunner) -> None:
         self._runner = runner
-        self._xid_counts = xid_counts
-        self._kmsg_overwritten = kmsg_overwritten
 
     def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
         duration = GaugeMetricFamily(
@@ -39,18 +31,4 @@ class ProbeCollector:
             seconds, failed = stats[probe]
             duration.add_metric([probe], seconds)
             failures.add_metric([probe], float(failed))
-        xid = CounterMetricFamily(
-            "xpu_xid_events",
-            "XID sightings by source (nvml, kmsg) and outcome: reported (a finding), merged (the same incident seen "
-            "again), ignored (not an XID), rejected (a kernel-log line that is not the driver's).",
-            labels=["source", "outcome"],
-        )
-        for (source, outcome), n in sorted(self._xid_counts().items()):
-            xid.add_metric([source, outcome], float(n))
-        overwritten = CounterMetricFamily(
-            "xpu_kmsg_records_overwritten",
-            "Kernel-log records the kernel overwrote before they were read: XIDs in them were lost to the kmsg "
-            "source (NVML events still report them).",
-            value=self._kmsg_overwritten(),
-        )
-        return (duration, failures, evaluations, xid, overwritten)
+        return (duration, failures, evaluations)

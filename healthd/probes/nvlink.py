@@ -10,29 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.backends.types import LinkState, NvLinkSample, Unsupported
-from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, GpuRef, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from exporter.settings import option
+from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.findings import Action, Finding, GpuRef, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "nvlink"
 
 
+SECTION = "nvlink"
+
+
 @dataclass(frozen=True, slots=True)
-class NvLinkThresholds:
-    """[health.nvlink]: the probe's thresholds are its settings."""
+class Settings:
+    """[health.nvlink]"""
 
     # DCGM MonitorNVLink: "CRC errors only matter at rates of 100+ per second" -> FAIL.
     crc_per_second_fail: float = option(100.0, above=0)
     # Increments are single moments; they stay reported for this long after the last one, then clear.
     error_hold_seconds: float = option(600.0, above=0)
-
-    def __post_init__(self) -> None:
-        if self.crc_per_second_fail <= 0:
-            raise ValueError("crc_per_second_fail must be > 0")
-        if self.error_hold_seconds <= 0:
-            raise ValueError("error_hold_seconds must be > 0")
 
 
 @dataclass(slots=True)
@@ -48,24 +45,22 @@ class _LinkState:
     crc_hit: tuple[float, float] | None = None  # (time, rate per second)
 
 
+def _no_nvlink(gpu: GpuSnapshot) -> str | None:
+    """A card without NVLink is unsupported whether or not it answers now."""
+    return "the card has no NVLink" if gpu.info is not None and gpu.info.nvlink_count == 0 else None
+
+
 class NvLinkProbe:
     name = CHECK
 
-    def __init__(self, thresholds: NvLinkThresholds | None = None) -> None:
-        self.thresholds = thresholds or NvLinkThresholds()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
         self._links: dict[tuple[str, int], _LinkState] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if g.info is not None and g.info.nvlink_count == 0:
-                report.unsupported(gpu_ref(g), "the card has no NVLink")
-                continue
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            links = g.sample.nvlinks
+        for g, ref, sample in report.fresh_cards(snapshot, _no_nvlink):
+            links = sample.nvlinks
             if isinstance(links, Unsupported) or not links:
                 report.unsupported(ref, "NVLink is not supported on this card")
                 continue
@@ -95,7 +90,7 @@ class NvLinkProbe:
         return report.build()
 
     def _link(self, ref: GpuRef, link: NvLinkSample, st: _LinkState, now: float) -> list[Finding]:
-        t = self.thresholds
+        t = self.settings
         out: list[Finding] = []
         if link.state is LinkState.UP:
             st.seen_up = True
@@ -168,12 +163,6 @@ class NvLinkProbe:
                 )
             )
         return out
-
-
-SECTION = "nvlink"
-
-
-Settings = NvLinkThresholds
 
 
 def build(settings: Settings, host: ProbeHost) -> NvLinkProbe:

@@ -9,25 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.backends.types import ClockEventReason, DeviceSample, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from healthd.findings import Action, Finding, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "pcie"
 
 
-@dataclass(frozen=True, slots=True)
-class PcieThresholds:
-    consecutive_samples: int = 3  # a link retraining briefly is not a degraded link
-    busy_utilization: float = 0.05  # the card counts as busy at this GPU utilization, or when not clocked idle
+SECTION = "pcie"
 
-    def __post_init__(self) -> None:
-        if self.consecutive_samples < 1:
-            raise ValueError("consecutive_samples must be >= 1")
-        if not 0 <= self.busy_utilization <= 1:
-            raise ValueError("busy_utilization must be within 0..1")
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.pcie]"""
+
+    consecutive_samples: int = option(3, min=1)  # a link retraining briefly is not a degraded link
+    # the card counts as busy at this GPU utilization (a ratio), or, where utilization is not reported, when it is
+    # not clocked down for idle
+    busy_utilization: float = option(0.05, min=0, max=1)
 
 
 def _busy(s: DeviceSample, threshold: float) -> bool:
@@ -41,18 +42,17 @@ def _busy(s: DeviceSample, threshold: float) -> bool:
 class PcieProbe:
     name = CHECK
 
-    def __init__(self, thresholds: PcieThresholds | None = None) -> None:
-        self.thresholds = thresholds or PcieThresholds()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
         self._streak: dict[tuple[str, str], int] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None or g.info is None:
+        for g, ref, s in report.fresh_cards(snapshot):
+            info = g.info
+            if info is None:  # no inventory reading: the card's maxima are not known
                 report.stale(g)
                 continue
-            ref = gpu_ref(g)
-            s, info = g.sample, g.info
             key = g.uuid or str(g.index)
             checks = []
             if isinstance(s.pcie_width, int) and isinstance(info.pcie_width_max, int):
@@ -63,7 +63,7 @@ class PcieProbe:
                         "generation",
                         s.pcie_generation,
                         info.pcie_generation_max,
-                        _busy(s, self.thresholds.busy_utilization),
+                        _busy(s, self.settings.busy_utilization),
                     )
                 )
             if not checks:
@@ -74,7 +74,7 @@ class PcieProbe:
                 if not judged:
                     continue  # idle: keep the streak as it is
                 streak = self._streak[(key, what)] = self._streak.get((key, what), 0) + 1 if current < maximum else 0
-                if streak >= self.thresholds.consecutive_samples:
+                if streak >= self.settings.consecutive_samples:
                     unit = "x" if what == "width" else "Gen"
                     shown = f"{unit}{current}" if what == "generation" else f"{current}{unit}"
                     best = f"{unit}{maximum}" if what == "generation" else f"{maximum}{unit}"
@@ -93,15 +93,5 @@ class PcieProbe:
         return report.build()
 
 
-SECTION = "pcie"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.pcie]"""
-
-    consecutive_samples: int = option(3, min=1)
-
-
 def build(settings: Settings, host: ProbeHost) -> PcieProbe:
-    return PcieProbe(PcieThresholds(consecutive_samples=settings.consecutive_samples))
+    return PcieProbe(settings)

@@ -16,7 +16,7 @@ from typing import Protocol
 import structlog
 
 from exporter.snapshot import Snapshot
-from healthd.faults.model import CheckResult, CheckStatus, Finding, ProbeReport
+from healthd.findings import CheckResult, CheckStatus, Finding, ProbeReport
 from healthd.probes.base import Probe
 
 log = structlog.get_logger("probes")

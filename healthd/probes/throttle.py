@@ -13,46 +13,39 @@ from collections import deque
 from dataclasses import dataclass
 
 from exporter.backends.types import ClockEventReason, Unsupported
+from exporter.settings import option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Action, Finding, ProbeReport, Severity
-from healthd.probes.base import ProbeHost
-from healthd.probes.common import ReportBuilder, evidence, gpu_ref
-from healthd.settings import option
+from healthd.findings import Action, Finding, ProbeReport, Severity
+from healthd.host.view import ProbeHost
+from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "clocks"
 
 
-@dataclass(frozen=True, slots=True)
-class ThrottleThresholds:
-    window_seconds: float = 600.0  # GPUd hw-slowdown: 10 min window
-    active_ratio: float = 0.6  # GPUd: 0.6 events/min at one check per minute
-    min_samples: int = 5  # too few samples in the window: no verdict
+SECTION = "clocks"
 
-    def __post_init__(self) -> None:
-        if self.window_seconds <= 0:
-            raise ValueError("window_seconds must be > 0")
-        if not 0 < self.active_ratio <= 1:
-            raise ValueError("active_ratio must be within (0, 1]")
-        if self.min_samples < 1:
-            raise ValueError("min_samples must be >= 1")
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """[health.clocks]: clock slowdowns active in this share of the window's samples."""
+
+    window_seconds: float = option(600.0, above=0)  # GPUd hw-slowdown: 10 min window
+    active_ratio: float = option(0.6, above=0, max=1)  # GPUd: 0.6 events/min at one check per minute
+    min_samples: int = option(5, min=1)  # too few samples in the window: no verdict
 
 
 class ThrottleProbe:
     name = CHECK
 
-    def __init__(self, thresholds: ThrottleThresholds | None = None) -> None:
-        self.thresholds = thresholds or ThrottleThresholds()
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
         self._history: dict[str, deque[tuple[float, int]]] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
-        t = self.thresholds
+        t = self.settings
         report = ReportBuilder(CHECK)
-        for g in snapshot.gpus:
-            if not g.fresh or g.sample is None:
-                report.stale(g)
-                continue
-            ref = gpu_ref(g)
-            reasons = g.sample.clock_event_reasons
+        for g, ref, sample in report.fresh_cards(snapshot):
+            reasons = sample.clock_event_reasons
             if isinstance(reasons, Unsupported):
                 report.unsupported(ref, "clock event reasons are not supported")
                 continue
@@ -86,16 +79,5 @@ class ThrottleProbe:
         return report.build()
 
 
-SECTION = "clocks"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """[health.clocks]: clock slowdowns active in this share of the window's samples."""
-
-    window_seconds: float = option(600.0, above=0)
-    active_ratio: float = option(0.6, above=0, max=1)
-
-
 def build(settings: Settings, host: ProbeHost) -> ThrottleProbe:
-    return ThrottleProbe(ThrottleThresholds(window_seconds=settings.window_seconds, active_ratio=settings.active_ratio))
+    return ThrottleProbe(settings)

@@ -11,7 +11,7 @@ Handlers raise :class:`RpcFailure`; the server's guard (healthd/rpc/guard.py) tu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -67,7 +67,8 @@ class RpcFailure(Exception):  # noqa: N818 (the RPC failed; named for what the c
             holder.Pack(detail)
             packed.append(holder)
         message = status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
-        return rpc_status.to_status(message)
+        status: grpc.Status = rpc_status.to_status(message)  # grpcio-status has no type hints
+        return status
 
 
 def _cap(text: str, limit: int) -> str:
@@ -118,7 +119,7 @@ def failure(code: grpc.StatusCode, reason: str, message: str, **metadata: str) -
     return RpcFailure(code, message, reason=reason, metadata=metadata)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: RpcFailure) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: RpcFailure) -> NoReturn:
     status = exc.status()
     await context.abort(status.code, status.details, status.trailing_metadata)
     raise AssertionError("abort returned")  # pragma: no cover

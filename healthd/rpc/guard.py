@@ -17,8 +17,8 @@ passed through unwrapped.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeAlias, TypeVar, cast
 
 import grpc
 import structlog
@@ -28,16 +28,31 @@ from healthd.rpc.errors import RpcFailure, abort, corrupt_request
 
 log = structlog.get_logger("grpc")
 
+# The guard wraps the handler of every method, whatever its messages: requests and responses pass through it as
+# opaque values (it only asks whether a request decoded).
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+_BUILDERS = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
 
 class _Corrupt:
     """Stands in for a request that did not deserialize (the class itself is the marker; never instantiated)."""
 
 
-def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def _tolerant(
+    deserializer: Callable[[bytes], Request] | None,
+) -> Callable[[bytes], Request | type[_Corrupt]] | None:
     if deserializer is None:
         return None
 
-    def deserialize(data: bytes) -> Any:
+    def deserialize(data: bytes) -> Request | type[_Corrupt]:
         try:
             return deserializer(data)
         except (DecodeError, ValueError, TypeError):
@@ -55,14 +70,14 @@ def _internal(method: str) -> RpcFailure:
     )
 
 
-async def _fail(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+async def _fail(context: Context, method: str, exc: Exception) -> NoReturn:
     if isinstance(exc, RpcFailure):
         await abort(context, exc)
     log.exception("rpc handler failed", method=method)
     await abort(context, _internal(method))
 
 
-async def _checked_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, method: str) -> Any:
+async def _checked_stream(requests: AsyncIterable[object], context: Context, method: str) -> AsyncIterator[object]:
     async for request in requests:
         if request is _Corrupt:
             await abort(context, corrupt_request(method))
@@ -70,11 +85,11 @@ async def _checked_stream(requests: AsyncIterator[Any], context: grpc.aio.Servic
 
 
 def _wrap_unary_response(
-    method: str, behavior: Callable[..., Awaitable[Any]], streaming_request: bool
-) -> Callable[..., Awaitable[Any]]:
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    method: str, behavior: Callable[[object, Context], Awaitable[object]], streaming_request: bool
+) -> Callable[[object, Context], Awaitable[object]]:
+    async def handle(request: object, context: Context) -> object:
         if streaming_request:
-            request = _checked_stream(request, context, method)
+            request = _checked_stream(cast("AsyncIterable[object]", request), context, method)
         elif request is _Corrupt:
             await abort(context, corrupt_request(method))
         try:
@@ -87,10 +102,12 @@ def _wrap_unary_response(
     return handle
 
 
-def _wrap_generator(method: str, behavior: Callable[..., AsyncIterator[Any]], streaming_request: bool) -> Any:
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+def _wrap_generator(
+    method: str, behavior: Callable[[object, Context], AsyncIterator[object]], streaming_request: bool
+) -> Callable[[object, Context], AsyncIterator[object]]:
+    async def handle(request: object, context: Context) -> AsyncIterator[object]:
         if streaming_request:
-            request = _checked_stream(request, context, method)
+            request = _checked_stream(cast("AsyncIterable[object]", request), context, method)
         elif request is _Corrupt:
             await abort(context, corrupt_request(method))
         try:
@@ -104,31 +121,27 @@ def _wrap_generator(method: str, behavior: Callable[..., AsyncIterator[Any]], st
     return handle
 
 
-def guard_handler(method: str, handler: Any) -> Any:
+def guard_handler(method: str, handler: Handler) -> Handler:
     """The same RpcMethodHandler with a tolerant deserializer and a guarded behavior."""
     streaming_request = bool(handler.request_streaming)
-    name = {
-        (False, False): "unary_unary",
-        (False, True): "unary_stream",
-        (True, False): "stream_unary",
-        (True, True): "stream_stream",
-    }[(streaming_request, bool(handler.response_streaming))]
+    name, build = _BUILDERS[(streaming_request, bool(handler.response_streaming))]
     behavior = getattr(handler, name)
+    wrapped: Callable[[object, Context], object]
     if inspect.isasyncgenfunction(behavior):
         wrapped = _wrap_generator(method, behavior, streaming_request)
     elif inspect.iscoroutinefunction(behavior):
         wrapped = _wrap_unary_response(method, behavior, streaming_request)
     else:
         return handler
-    return handler._replace(request_deserializer=_tolerant(handler.request_deserializer), **{name: wrapped})
+    return build(wrapped, _tolerant(handler.request_deserializer), handler.response_serializer)
 
 
-class RequestGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RequestGuard(grpc.aio.ServerInterceptor):
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Request, Response] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: grpc answers UNIMPLEMENTED

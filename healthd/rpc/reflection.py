@@ -10,7 +10,6 @@ the default descriptor pool, so that a client can also describe ``grpc.reflectio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -50,7 +49,7 @@ def v1_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-def register_v1_descriptor(pool: Any) -> None:
+def register_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
     """Add the v1 file to ``pool`` unless it already knows the v1 service (idempotent)."""
     try:
         pool.FindServiceByName(V1_SERVICE)

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import grpc
 import structlog
@@ -23,6 +23,7 @@ from healthd.rpc.transport import GrpcTls, secure_socket, server_credentials
 log = structlog.get_logger("grpc")
 
 SOCKET_MODE = 0o660
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +31,8 @@ class Service:
     """One servicer and how to add it: ``add(servicer, server)`` is the generated add_XServicer_to_server."""
 
     full_name: str  # e.g. "xpu.runtime.v1.Simulation"
-    servicer: Any
-    add: Callable[[Any, grpc.aio.Server], None]
+    servicer: object
+    add: Callable[[Any, grpc.aio.Server], None]  # takes this servicer's class (each Service pairs its own two)
     admin: bool = False  # served on the admin socket only (changes), not on the main socket (reads)
     ready: Callable[[], bool] = lambda: True  # can it serve now? (grpc.health.v1 says NOT_SERVING while not)
 
@@ -100,10 +101,10 @@ class GrpcServer:
         self._server = None
 
 
-def _bind(address: str, add: Callable[..., int], *args: Any) -> int:
+def _bind(address: str, add: Callable[P, int], *args: P.args, **kwargs: P.kwargs) -> int:
     """grpc reports a failed bind as RuntimeError; make it the OSError the daemon reports as "cannot start"."""
     try:
-        return add(*args)
+        return add(*args, **kwargs)
     except RuntimeError as exc:
         raise OSError(f"grpc listen {address}: cannot bind ({exc})") from None
 

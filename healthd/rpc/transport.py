@@ -10,16 +10,14 @@ from __future__ import annotations
 import grp
 import os
 import ssl
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import structlog
 
+from exporter.settings import ConfigError, option
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
-from healthd.faults.settings import HookSettings
-from healthd.settings import ConfigError, option
 
 log = structlog.get_logger("transport")
 
@@ -133,29 +131,6 @@ class HookClientTls:
         return f"HookClientTls(<ca>, <cert>, <key>, server_name={self.server_name!r})"
 
 
-def load_hook_tls(settings: HookSettings) -> HookClientTls | None:
-    """The client mTLS material when a hook endpoint is HOST:PORT; ConfigError naming the option otherwise."""
-    tcp = [e for e in settings.endpoints if is_tcp(e)]
-    if not tcp:
-        return None
-    files = {
-        "hook.tls_ca_file": settings.tls_ca_file,
-        "hook.tls_cert_file": settings.tls_cert_file,
-        "hook.tls_key_file": settings.tls_key_file,
-    }
-    for name, path in files.items():
-        if path is None:
-            raise ConfigError(
-                f"hook.endpoints: TCP endpoint {tcp[0]} is called with mTLS, but {name} is not set "
-                "(set tls_ca_file, tls_cert_file and tls_key_file in [hook], or use a unix: endpoint)"
-            )
-    ca_path, cert_path, key_path = (p for p in files.values() if p is not None)
-    cert, key, ca = load_pem_files(
-        cert_path, key_path, ca_path, ("hook.tls_cert_file", "hook.tls_key_file", "hook.tls_ca_file")
-    )
-    return HookClientTls(ca=ca, cert_chain=cert, private_key=key, server_name=settings.tls_server_name)
-
-
 def hook_channel(target: str, tls: HookClientTls | None) -> grpc.aio.Channel:
     """A channel to one hook endpoint: plaintext on a unix socket, mutual TLS over TCP (never plaintext TCP)."""
     if not is_tcp(target):
@@ -189,13 +164,6 @@ def load_metrics_web_config(settings: TransportSettings) -> WebConfig | None:
         return load_web_config(path)
     except WebConfigError as exc:
         raise ConfigError(f"transport.metrics_web_config_file: {exc}") from None
-
-
-def check_transport(transport: TransportSettings, grpc_addresses: Sequence[str], hook: HookSettings) -> None:
-    """Everything --check-config can verify about transport security without binding anything."""
-    load_grpc_tls(transport, [a for a in grpc_addresses if is_tcp(a)])
-    load_metrics_web_config(transport)
-    load_hook_tls(hook)
 
 
 def socket_group_id(name: str) -> int | None:

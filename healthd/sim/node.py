@@ -6,13 +6,16 @@ For each simulated GPU process this writes what a real node would have: ``<root>
 and serves the devices those pods hold over a real gRPC pod-resources server on ``<root>/kubelet/kubelet.sock``.
 The daemon's real parser, log index and gRPC client read them, exactly as they read /proc, /var/log and kubelet's
 socket on a real node. Pods live as long as they have a simulated process.
+
+The tree follows the simulated processes as they start and exit (the backend tells ``sync`` when its workloads
+change), as a kernel's /proc does, not the daemon's sampling: a process is there before any Snapshot lists it,
+whatever reads the Snapshots or whether anything does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -20,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
@@ -29,7 +31,7 @@ from exporter.attribution.api.podresources.v1 import api_pb2 as pb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc
 from exporter.attribution.kubelet import DeviceAllocation
 from exporter.backends.simulated import PodPlacement, SimulatedBackend, SimulatedWorkload
-from exporter.snapshot import Snapshot
+from healthd.host.view import kubelet_socket_path
 
 log = structlog.get_logger("simulation")
 
@@ -67,19 +69,6 @@ def allocations_of(workloads: Sequence[SimulatedWorkload]) -> list[DeviceAllocat
     return out
 
 
-UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
-
-
-def kubelet_socket_path(root: Path) -> Path:
-    """``<root>/kubelet/kubelet.sock``, or a short path under /tmp keyed by ``root`` when that one is too long for
-    a unix socket (deep state directories, e.g. under pytest's tmp)."""
-    path = root / "kubelet" / "kubelet.sock"
-    if len(str(path)) <= UNIX_PATH_MAX:
-        return path
-    digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"xpu-sim-kubelet-{digest}" / "kubelet.sock"
-
-
 class SimulatedKubelet:
     """A real gRPC PodResourcesLister (v1) server on a unix socket, answering from ``allocations()``."""
 
@@ -98,7 +87,7 @@ class SimulatedKubelet:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet"))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)  # type: ignore[no-untyped-call]
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
         server.add_insecure_port(f"unix:{self.socket_path}")
         server.start()
         self._server = server
@@ -109,7 +98,7 @@ class SimulatedKubelet:
             self._server = None
         self.socket_path.unlink(missing_ok=True)
 
-    def list_response(self) -> Any:
+    def list_response(self) -> pb.ListPodResourcesResponse:
         pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         for a in self._allocations():
             containers = pods.setdefault((a.namespace, a.pod), {})
@@ -131,7 +120,7 @@ class SimulatedKubelet:
             ]
         )
 
-    def allocatable_response(self) -> Any:
+    def allocatable_response(self) -> pb.AllocatableResourcesResponse:
         by_resource: dict[str, list[str]] = defaultdict(list)
         for resource, device_id in self._allocatable():
             by_resource[resource].append(device_id)
@@ -144,15 +133,19 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, owner: SimulatedKubelet) -> None:
         self._owner = owner
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def List(  # noqa: N802
+        self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.ListPodResourcesResponse:
         return self._owner.list_response()
 
-    def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def GetAllocatableResources(  # noqa: N802
+        self, request: pb.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.AllocatableResourcesResponse:
         return self._owner.allocatable_response()
 
 
 class SimulatedNode:
-    """Keeps ``<root>`` in step with the simulated processes; ``sync`` is a sampler subscriber."""
+    """Keeps ``<root>`` in step with the simulated processes: ``start`` writes it and follows the backend."""
 
     def __init__(
         self,
@@ -169,7 +162,9 @@ class SimulatedNode:
         self.log_root = root / "log"
         self.kubelet = SimulatedKubelet(kubelet_socket_path(root), self.allocations, self._allocatable)
         self._ticks = ticks
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the workloads the kubelet answers from
+        self._syncing = threading.Lock()  # one sync at a time: injections come from any thread
+        self._unwatch: Callable[[], None] | None = None
         self._workloads: tuple[SimulatedWorkload, ...] = ()
         self._written: dict[int, str] = {}  # pid -> what its cgroup says (to notice a moved process)
         self._pods_written: set[tuple[str, str, str]] = set()
@@ -179,12 +174,16 @@ class SimulatedNode:
             shutil.rmtree(self.root)  # leftovers of an earlier run are not this run's processes
         for d in (self.proc_root, self.log_root / "pods", self.log_root / "containers"):
             d.mkdir(parents=True, exist_ok=True)
+        self._unwatch = self.backend.watch_workloads(self.sync)
         self.sync()
         if self.serve_kubelet:
             self.kubelet.start()
         log.info("simulated node: proc tree, kubelet logs and pod-resources socket", root=str(self.root))
 
     def stop(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self.serve_kubelet:
             self.kubelet.stop()
 
@@ -195,11 +194,15 @@ class SimulatedNode:
     def _allocatable(self) -> list[tuple[str, str]]:
         return [(GPU_RESOURCE, self.backend.scenario.cards[i].uuid) for i in range(len(self.backend.scenario.cards))]
 
-    def sync(self, snapshot: Snapshot | None = None) -> None:
-        workloads = self.backend.workloads()
+    def sync(self) -> None:
+        """Write what changed in the simulated processes since the last sync."""
+        with self._syncing:
+            self._sync(self.backend.workloads())
+
+    def _sync(self, workloads: tuple[SimulatedWorkload, ...]) -> None:
         with self._lock:
             if workloads == self._workloads:
-                return  # nothing started, exited or moved since the last cycle (the usual case)
+                return  # nothing started, exited or moved since the last sync
         live = {w.pid for w in workloads}
         for pid in [p for p in self._written if p not in live]:
             shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import grpc
 
@@ -85,7 +84,11 @@ class SimulationService(pb_grpc.SimulationServicer):
             )
         return self._injector
 
-    async def InjectFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def InjectFault(  # noqa: N802
+        self,
+        request: pb.InjectFaultRequest,
+        context: grpc.aio.ServicerContext[pb.InjectFaultRequest, pb.InjectFaultResponse],
+    ) -> pb.InjectFaultResponse:
         injector = self._require_injector()
         kinds = injector.kinds
         try:
@@ -103,7 +106,11 @@ class SimulationService(pb_grpc.SimulationServicer):
             raise invalid_argument("params", str(exc)) from None
         return pb.InjectFaultResponse(description=description)
 
-    async def ClearFaults(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ClearFaults(  # noqa: N802
+        self,
+        request: pb.ClearFaultsRequest,
+        context: grpc.aio.ServicerContext[pb.ClearFaultsRequest, pb.ClearFaultsResponse],
+    ) -> pb.ClearFaultsResponse:
         injector = self._require_injector()
         gpu = request.gpu if request.HasField("gpu") else None
         try:
@@ -112,7 +119,11 @@ class SimulationService(pb_grpc.SimulationServicer):
             raise not_found("gpu", str(gpu), str(exc)) from None
         return pb.ClearFaultsResponse(description=description)
 
-    async def ListFaultKinds(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ListFaultKinds(  # noqa: N802
+        self,
+        request: pb.ListFaultKindsRequest,
+        context: grpc.aio.ServicerContext[pb.ListFaultKindsRequest, pb.ListFaultKindsResponse],
+    ) -> pb.ListFaultKindsResponse:
         kinds = self._require_injector().kinds
         return pb.ListFaultKindsResponse(
             kinds=[pb.FaultKind(kind=k, params=sorted(v)) for k, v in sorted(kinds.items())]

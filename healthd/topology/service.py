@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
 
 import grpc
 
@@ -29,7 +28,7 @@ _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 MAX_IDS = 1024
 
 
-def _location_pb(loc: PcieLocation) -> Any:
+def _location_pb(loc: PcieLocation) -> pb.PcieLocation:
     msg = pb.PcieLocation(
         pci_bus_id=loc.bdf,
         host_bridge=loc.host_bridge,
@@ -44,13 +43,13 @@ def _location_pb(loc: PcieLocation) -> Any:
     return msg
 
 
-def _link_pb(a: str, b: str, link: Link) -> Any:
+def _link_pb(a: str, b: str, link: Link) -> pb.TopologyLink:
     return pb.TopologyLink(
         a=a, b=b, kind=_KIND_TO_PB[link.kind], nvlinks=link.nvlinks, label=link.label, distance=link.cost
     )
 
 
-def topology_to_pb(t: Topology) -> Any:
+def topology_to_pb(t: Topology) -> pb.GetTopologyResponse:
     return pb.GetTopologyResponse(
         gpus=[
             pb.TopologyGpu(
@@ -84,7 +83,7 @@ def topology_to_pb(t: Topology) -> Any:
     )
 
 
-def _location_from_pb(msg: Any) -> PcieLocation:
+def _location_from_pb(msg: pb.PcieLocation) -> PcieLocation:
     return PcieLocation(
         bdf=msg.pci_bus_id,
         host_bridge=msg.host_bridge,
@@ -95,7 +94,7 @@ def _location_from_pb(msg: Any) -> PcieLocation:
     )
 
 
-def topology_from_pb(msg: Any) -> Topology:
+def topology_from_pb(msg: pb.GetTopologyResponse) -> Topology:
     """Rebuild the model on the client side (xpuctl renders it with the same code the daemon tests use)."""
     from exporter.topology.model import pcie_kind
 
@@ -113,7 +112,7 @@ def topology_from_pb(msg: Any) -> Topology:
         Nic(n.name, tuple(n.netdevs), _location_from_pb(n.location), n.model, n.link_layer, n.state) for n in msg.nics
     )
 
-    def link(m: Any) -> Link:
+    def link(m: pb.TopologyLink) -> Link:
         return Link(_PB_TO_KIND.get(m.kind, LinkKind.SYS), m.nvlinks)
 
     gpu_links = {(int(m.a[3:]), int(m.b[3:])): link(m) for m in msg.gpu_links}
@@ -144,17 +143,25 @@ class TopologyService(pb_grpc.TopologyServicer):
         self._status = status
         self._out_of_service = out_of_service  # card indices with faults that keep new work off them
 
-    async def _topology(self, context: grpc.aio.ServicerContext) -> Topology:
+    def _topology(self) -> Topology:
         topology = self._latest()
         if topology is None:
             why = self._status().last_error or "first collection under way"
             raise unavailable("TOPOLOGY_NOT_COLLECTED", f"topology not collected yet: {quote(why, 300)}")
         return topology
 
-    async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return topology_to_pb(await self._topology(context))
+    async def Get(  # noqa: N802
+        self,
+        request: pb.GetTopologyRequest,
+        context: grpc.aio.ServicerContext[pb.GetTopologyRequest, pb.GetTopologyResponse],
+    ) -> pb.GetTopologyResponse:
+        return topology_to_pb(self._topology())
 
-    async def PreferredAllocation(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def PreferredAllocation(  # noqa: N802
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
+    ) -> pb.PreferredAllocationResponse:
         for field in ("available", "must_include"):
             if len(getattr(request, field)) > MAX_IDS:
                 raise invalid_argument(field, f"at most {MAX_IDS} device ids")
@@ -165,7 +172,7 @@ class TopologyService(pb_grpc.TopologyServicer):
             must_refs = [parse_gpu_ref(raw, "must_include") for raw in request.must_include]
         except InvalidField as exc:
             raise from_invalid_field(exc) from None
-        topology = await self._topology(context)
+        topology = self._topology()
         try:
             available = resolve_ids(topology, available_refs, "available")
             must = resolve_ids(topology, must_refs, "must_include")

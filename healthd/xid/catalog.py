@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from healthd.faults.model import Action, Severity
+from healthd.findings import Action, Severity
 
 SEVERITIES = {s.name.lower(): s for s in Severity}
 ACTIONS = {a.label: a for a in Action}

@@ -27,9 +27,9 @@ import structlog
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
+from exporter.settings import ConfigError, option
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Finding, GpuRef
-from healthd.settings import ConfigError, option
+from healthd.findings import Finding, FindingKind, GpuRef
 from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
 
@@ -58,24 +58,11 @@ def _overrides(raw: Any, name: str) -> Mapping[int, XidOverride]:
 class XidSettings:
     """[health.xid]: the merge window, and per-XID overrides of the catalog ([health.xid.overrides.N])."""
 
-    merge_window_seconds: float = option(10.0, above=0)
-    overrides: Mapping[int, XidOverride] = option(default_factory=dict, parse=_overrides)
-
-
-@dataclass(frozen=True, slots=True)
-class XidTiming:
     # One XID usually arrives by NVML within milliseconds and by kmsg within the reader's poll; 10 s covers both
     # without merging separate incidents (NVSentinel links fallen-off-bus text to XIDs over 5 min, then dedups
     # for 3 min in its platform connector; our engine does the longer dedup).
-    merge_window_seconds: float = 10.0
-    nvml_wait_seconds: float = 1.0  # one nvmlEventSetWait call (the H200 capture: a 200 ms wait times out cleanly)
-    nvml_retry_seconds: float = 10.0  # back-off after the event call fails (driver not loaded yet, GPU lost)
-    kmsg_poll_seconds: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("merge_window_seconds", "nvml_wait_seconds", "nvml_retry_seconds", "kmsg_poll_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+    merge_window_seconds: float = option(10.0, above=0)
+    overrides: Mapping[int, XidOverride] = option(default_factory=dict, parse=_overrides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +188,7 @@ class XidMerger:
             message=message,
             gpu=s.gpu,
             evidence=MappingProxyType(ev),
-            kind="event",
+            kind=FindingKind.EVENT,
         )
 
 
@@ -220,11 +207,16 @@ class XidWatcher:
         sink: EventSink,
         clock: Callable[[], float] = time.time,
         snapshots: Callable[[], Snapshot | None] = lambda: None,
-        settings: XidTiming | None = None,
+        settings: XidSettings | None = None,
         *,
         kmsg_from_start: bool = False,
+        nvml_wait_seconds: float = 1.0,  # one nvmlEventSetWait call (the H200 capture: a 200 ms wait times out cleanly)
+        nvml_retry_seconds: float = 10.0,  # back-off after the event call fails (driver not loaded yet, GPU lost)
+        kmsg_poll_seconds: float = 0.2,
     ) -> None:
-        self.settings = settings or XidTiming()
+        self.settings = settings or XidSettings()
+        self._nvml_wait_seconds = nvml_wait_seconds
+        self._nvml_retry_seconds = nvml_retry_seconds
         self._backend = backend
         self._snapshots = snapshots
         self.merger = XidMerger(catalog, sink, clock, self.settings.merge_window_seconds)
@@ -234,9 +226,7 @@ class XidWatcher:
         self._stop = threading.Event()
         self._nvml_thread: threading.Thread | None = None
         self.reader = (
-            KmsgReader(
-                kmsg_path, self.on_kmsg_record, from_start=kmsg_from_start, poll_seconds=self.settings.kmsg_poll_seconds
-            )
+            KmsgReader(kmsg_path, self.on_kmsg_record, from_start=kmsg_from_start, poll_seconds=kmsg_poll_seconds)
             if kmsg_path is not None
             else None
         )
@@ -266,18 +256,18 @@ class XidWatcher:
         last_error = ""
         while not self._stop.is_set():
             try:
-                event = self._backend.wait_event(self.settings.nvml_wait_seconds)
+                event = self._backend.wait_event(self._nvml_wait_seconds)
             except BackendError as exc:
                 self.nvml_errors += 1
                 if str(exc) != last_error:
                     log.warning("NVML event wait failed", error=str(exc), code=exc.code)
                 last_error = str(exc)
-                self._stop.wait(self.settings.nvml_retry_seconds)
+                self._stop.wait(self._nvml_retry_seconds)
                 continue
             except Exception:  # never let the event thread die silently
                 self.nvml_errors += 1
                 log.exception("NVML event wait raised unexpectedly")
-                self._stop.wait(self.settings.nvml_retry_seconds)
+                self._stop.wait(self._nvml_retry_seconds)
                 continue
             last_error = ""
             if event is not None:
@@ -390,6 +380,4 @@ def build_watcher(
     clock: Callable[[], float] = time.time,
 ) -> XidWatcher:
     """The XID watcher with the catalog and the configured overrides; ``kmsg_path`` None: no kernel-log source."""
-    catalog = load_catalog(overrides=settings.overrides)
-    timing = XidTiming(merge_window_seconds=settings.merge_window_seconds)
-    return XidWatcher(backend, kmsg_path, catalog, sink, clock, snapshots, timing)
+    return XidWatcher(backend, kmsg_path, load_catalog(overrides=settings.overrides), sink, clock, snapshots, settings)

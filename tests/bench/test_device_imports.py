@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 OPTIONAL = ("bcrypt", "yaml", "systemd", "torch", "nvitop", "nvitop_exporter", "cryptography")
-PACKAGES = ("exporter", "healthd", "deviceplugin")
+PACKAGES = ("exporter", "healthd", "container/deviceplugin")
 DEVICE_CHECK = (
     "bench.device_check", "bench.check_plan", "bench.check_runner", "bench.check_pack", "bench.check_setup",
     "bench.device_report", "bench.check_daemon", "bench.check_throughput", "bench.check_peers", "bench.tdm_sharing",

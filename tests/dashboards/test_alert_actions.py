@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from exporter.snapshot import GpuSnapshot, Snapshot
-from healthd.config import parse_config
-from healthd.faults.model import Action
+from healthd.daemon.config import parse_config
+from healthd.findings import Action
 from healthd.probes import ProbeHost, default_probes
 from healthd.probes.base import Probe
 from healthd.xid.catalog import load_catalog

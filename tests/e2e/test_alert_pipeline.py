@@ -14,11 +14,14 @@ Expected:
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.e2e.stack import Stack, missing_binaries, wait_for
+from tests.e2e.stack import ROOT, Stack, missing_binaries, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -73,3 +76,37 @@ def test_application_xid_alerts_operators_but_never_reaches_the_hook(stack: Stac
     wait_for("xid_79 delivered", lambda: [f for f in stack.hook_faults() if f["code"] == "xid_79"], timeout=60)
     assert not [f for f in stack.hook_faults() if f["code"] == "xid_13"]
     assert {f["action"] for f in stack.hook_faults()} == {"replace_node"}
+
+
+# ---- the health dashboard's per-card fault table, on the live Prometheus ----
+
+
+def _health_panel_queries(title: str, instance: str) -> list[str]:
+    dashboard = json.loads((ROOT / "dashboards" / "xpu-health.json").read_text())
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == title]
+    values = {"$__range": "5m", "$node": instance, "$gpu": ".*"}
+    out = []
+    for target in panel["targets"]:
+        expr = target["expr"]
+        for var, value in values.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, expr
+        out.append(expr)
+    return out
+
+
+def test_faults_per_card_panel_names_gpu_2_with_code_and_action(stack: Stack) -> None:
+    active, since = _health_panel_queries("Faults per card", stack.instance)
+
+    def xid_79_row() -> list[dict[str, Any]]:
+        return [r for r in stack.query(active) if r["metric"].get("code") == "xid_79"]
+
+    (row,) = wait_for("the XID 79 row of the per-card fault table", xid_79_row, timeout=30)
+    assert row["metric"]["gpu"] == "2" and row["metric"]["action"] == "replace_node"
+    assert row["metric"]["uuid"].startswith("GPU-") and row["metric"]["severity"] == "fatal"
+    rows = {r["metric"].get("code"): r["metric"].get("gpu") for r in stack.query(active)}
+    assert rows.get("xid_13") == "4"  # the application XID is on its own card's row
+    # the Since column: the same series, with when it was first active (milliseconds since the epoch)
+    (first,) = [r for r in stack.query(since) if r["metric"].get("code") == "xid_79"]
+    assert first["metric"]["gpu"] == "2"
+    assert 0 < time.time() * 1000 - float(first["value"][1]) < 10 * 60 * 1000

@@ -83,8 +83,8 @@ def test_gpu_level_alerts_go_to_operators_not_to_the_hook(stack: Stack) -> None:
         # both faults' actions (driver probe: a hung call needs a reboot; nvlink probe: a dropped link too)
         assert labels["gpu"] == str(wanted[name]) and labels["action"] == "reboot_node"
         assert [r["name"] for r in alert["receivers"]] == ["ops"]  # type: ignore[union-attr]
-    # the node is being replaced: its GPU-level alerts are inhibited by the example's rules
-    assert all(a["status"]["state"] == "suppressed" for a in alerts.values())  # type: ignore[index]
+    # the lost card's replace_node inhibits only that card's lesser alerts: these other cards' faults still notify
+    assert all(a["status"]["state"] == "active" for a in alerts.values())  # type: ignore[index]
     wait_for("the lost card's delivery", lambda: stack.hook_faults(), timeout=60)
     assert {f["action"] for f in stack.hook_faults()} == {"replace_node"}
 

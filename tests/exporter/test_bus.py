@@ -6,7 +6,7 @@ import threading
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.bus import LatestBus
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from tests.support.waiting import eventually
 
 
@@ -76,7 +76,7 @@ def test_close_delivers_what_is_waiting_then_stops() -> None:
 
 def test_a_slow_subscriber_does_not_slow_sampling(sim: SimulatedBackend) -> None:
     """The sampler publishes every cycle while a probe is stuck (a slow disk under the fault journal)."""
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=60, call_deadline_seconds=2))
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=60, call_deadline_seconds=2))
     stuck = threading.Event()
     sampler.subscribe(lambda _snap: stuck.wait(30), "stuck")
     try:

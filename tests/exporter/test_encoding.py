@@ -17,7 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.encoding import CachingEncoder
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from tests.support.clock import FakeClock
 
 
@@ -40,7 +40,7 @@ class Families:
 
 def test_the_daemons_collectors_render_identically_cycle_after_cycle(clock: FakeClock) -> None:
     sim = SimulatedBackend.from_name("h200x8", clock=clock)
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotExporter(sampler.latest, default_collectors(), clock=clock))
     pairs = encoders()

@@ -33,7 +33,7 @@ from exporter.collectors.render import SnapshotRenderer
 from exporter.encoding import Rendered, go_float
 from exporter.exposition import HOT_SECONDS, PROMETHEUS_FORMATS, ExpositionCache, RegistryRenderer, accepts_gzip
 from exporter.http import Health, MetricsHTTPServer
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from healthd.sim.node import SimulatedNode
 from tests.support.clock import FakeClock
@@ -424,13 +424,12 @@ def busy_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExpositionC
     backend = SimulatedBackend.from_name("h200x8-busy", clock=clock)
     node = SimulatedNode(backend, tmp / "node")
     node.kubelet.socket_path = tmp / "k.sock"
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
     kubelet = KubeletPodResources(node.kubelet.socket_path, refresh_interval=3600)
     attributor = Attributor(ProcResolver(node.proc_root), pod_index=PodLogIndex(node.log_root), kubelet=kubelet)
     node.start()
     try:
         snap = sampler.run_once()
-        node.sync()
         kubelet.refresh()
         attributor.update(snap)
         registry = CollectorRegistry(auto_describe=False)
@@ -466,7 +465,7 @@ def test_promtool_accepts_the_busy_node(busy_cache: ExpositionCache) -> None:
 
 def test_publish_renders_the_snapshot_it_is_handed_not_the_samplers_latest(clock: FakeClock) -> None:
     sim = SimulatedBackend.from_name("h200x8", clock=clock)
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
     try:
         cache = ExpositionCache(SnapshotRenderer(default_collectors(), clock=clock), max_age=60.0, interval=5.0)
         first = sampler.run_once()

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
+from exporter.settings import ConfigError, parse_section
 from tests.support.clock import FakeClock
 
-FAST = SamplerConfig(interval_seconds=0.2, call_deadline_seconds=0.15)
+FAST = SamplerSettings(interval_seconds=0.2, call_deadline_seconds=0.15)
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_hung_card_recovers_when_the_call_returns(sampler: Sampler, sim: Simulat
 
 def test_cycle_with_a_hung_card_returns_within_the_deadline(sim: SimulatedBackend, clock: FakeClock) -> None:
     """A cycle waits at most about one deadline for a stuck card instead of forever."""
-    s = Sampler(sim, SamplerConfig(interval_seconds=10.0, call_deadline_seconds=0.1), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=10.0, call_deadline_seconds=0.1), clock=clock)
     sim.inject("hang", 0, {"call": "sample"})
     finished = threading.Event()
 
@@ -106,7 +107,7 @@ def test_backend_that_cannot_open_is_retried(clock: FakeClock) -> None:
 
 
 def test_background_loop_publishes_to_subscribers(sim: SimulatedBackend) -> None:
-    s = Sampler(sim, SamplerConfig(interval_seconds=0.05, call_deadline_seconds=1.0))
+    s = Sampler(sim, SamplerSettings(interval_seconds=0.05, call_deadline_seconds=1.0))
     seen: list[int] = []
     got_three = threading.Event()
 
@@ -134,7 +135,19 @@ def test_subscriber_failure_does_not_stop_sampling(sampler: Sampler) -> None:
     assert sampler.run_once().seq == 2
 
 
-@pytest.mark.parametrize(("interval", "deadline"), [(0, 1), (-1, 1), (1, 0)])
-def test_config_rejects_nonsense(interval: float, deadline: float) -> None:
-    with pytest.raises(ValueError):
-        SamplerConfig(interval_seconds=interval, call_deadline_seconds=deadline)
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"interval_seconds": 0}, "sampler.interval_seconds: must be between 0.1 and 3600, got 0"),
+        ({"interval_seconds": -1}, "sampler.interval_seconds: must be between 0.1 and 3600, got -1"),
+        ({"call_deadline_seconds": 0}, "sampler.call_deadline_seconds: must be between 0.05 and 600, got 0"),
+        (
+            {"pcie_throughput_interval_seconds": 0.5},
+            "sampler.pcie_throughput_interval_seconds: must be between 1 and 3600, got 0.5",
+        ),
+    ],
+)
+def test_settings_reject_nonsense(table: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_section(SamplerSettings, table, "sampler")
+    assert str(err.value) == message

@@ -53,7 +53,7 @@ class PluginProcess:
         self.args = [
             sys.executable,
             "-m",
-            "deviceplugin",
+            "container.deviceplugin",
             "--healthd-socket",
             daemon.address,
             "--kubelet-dir",

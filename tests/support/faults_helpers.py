@@ -7,8 +7,8 @@ from pathlib import Path
 
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
-from healthd.faults.model import Action, CheckResult, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.faults.settings import FaultsSettings
+from healthd.findings import Action, CheckResult, CheckStatus, Finding, FindingKind, GpuRef, ProbeReport, Severity
 from tests.support.clock import FakeClock
 
 GPU0 = GpuRef(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:18:00.0")
@@ -48,7 +48,7 @@ def xid(
     code: int, gpu: GpuRef = GPU0, *, severity: Severity = Severity.CRITICAL, action: Action = Action.RESTART_APP
 ) -> Finding:
     return Finding(
-        "xid", f"xid_{code}", severity, action, f"XID {code}", gpu, evidence={"xid": str(code)}, kind="event"
+        "xid", f"xid_{code}", severity, action, f"XID {code}", gpu, evidence={"xid": str(code)}, kind=FindingKind.EVENT
     )
 
 
@@ -81,23 +81,23 @@ class DaemonThread:
         import asyncio
         import threading
 
+        from healthd.daemon.health import HealthComponent
         from healthd.faults import service as health_service
-        from healthd.faults.runtime import FaultRuntime
         from healthd.faults.settings import HookSettings
         from healthd.rpc.server import GrpcServer, Service
 
         self.address = f"unix:{socket}"
         settings = replace(SETTINGS, **fault_overrides)  # type: ignore[arg-type]
-        self.runtime = FaultRuntime(
+        self.health = HealthComponent(
             journal or Journal(state / "faults.sqlite"),
             settings,
             hook if isinstance(hook, HookSettings) else HookSettings(),
             boot_id="boot-1",
         )
-        self.engine = self.runtime.engine
+        self.engine = self.health.engine
         self._server = GrpcServer(
             [self.address],
-            [Service(health_service.SERVICE_NAME, self.runtime.service, health_service.add_to_server)],
+            [Service(health_service.SERVICE_NAME, self.health.service, health_service.add_to_server)],
         )
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -110,12 +110,12 @@ class DaemonThread:
         return self
 
     async def _start(self) -> None:
-        await self.runtime.start()
+        await self.health.start()
         await self._server.start()
 
     async def _stop(self) -> None:
         await self._server.stop(0.5)
-        await self.runtime.stop()
+        await self.health.stop(flush_seconds=5.0)
 
     def __exit__(self, *exc: object) -> None:
         import asyncio

@@ -20,8 +20,8 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.api.v1beta1 import api_pb2 as kpb
-from deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
+from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
+from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
 from exporter.attribution.api.podresources.v1 import api_pb2 as prpb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc as prpb_grpc
 

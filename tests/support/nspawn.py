@@ -1,19 +1,15 @@
 """A minimal Debian tree booted with systemd as PID 1 under systemd-nspawn, for testing the .deb under real systemd.
 
-The tree is made once with debootstrap from the Debian mirror apt already uses and cached under
-``<repo>/.cache/nspawn/`` or ``$XPU_NSPAWN_CACHE`` (keyed by suite, mirror, architecture and package list; a lock
-serialises concurrent builds; about 240 MB). Each boot runs on a throwaway overlay (``--volatile=overlay``), so the
-cached tree stays pristine. Commands run inside through ``nsenter`` into the container's namespaces. Where the host's
-PID 1 is not systemd, nspawn gets ``--keep-unit --register=no`` (no machined, no scope unit to ask for).
+The tree is packaging/debian_tree.py's (debootstrapped once and cached; the container image is built from the same
+tree). Each boot runs on a throwaway overlay (``--volatile=overlay``), so the cached tree stays pristine. Commands run
+inside through ``nsenter`` into the container's namespaces. Where the host's PID 1 is not systemd, nspawn gets
+``--keep-unit --register=no`` (no machined, no scope unit to ask for).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import os
-import re
+import importlib.util
 import secrets
 import shutil
 import signal
@@ -21,15 +17,24 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from tests.support.servicehelpers import REPO
 
-# XPU_NSPAWN_CACHE points at a directory that outlives the checkout (a CI cache); the repository's .cache/ else.
-CACHE = Path(os.environ.get("XPU_NSPAWN_CACHE") or REPO / ".cache" / "nspawn")
-# systemd as PID 1, Python for the package's virtualenv; init-system-helpers (deb-systemd-helper) is essential
-# anyway. Deliberately absent: procps (so /bin/kill is missing, as on a minimal system) and dbus.
-PACKAGES = ("systemd", "systemd-sysv", "init-system-helpers", "python3", "libsystemd0", "util-linux")
-RECIPE = 1  # bump to rebuild cached trees after changing how they are made
+
+def _debian_tree() -> ModuleType:
+    """packaging/debian_tree.py, a script (packaging/ is no Python package: PyPI has one of that name)."""
+    spec = importlib.util.spec_from_file_location("xpu_debian_tree", REPO / "packaging" / "debian_tree.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+debian_tree = _debian_tree()
+cached_tree = debian_tree.cached_tree
+CACHE = debian_tree.CACHE
+PACKAGES = debian_tree.PACKAGES
 INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -47,68 +52,6 @@ def namespaces_forbidden() -> str | None:
         check=False,
     )
     return None if probe.returncode == 0 else f"unshare of mount/pid/uts/ipc/net namespaces failed: {probe.stderr}"
-
-
-def host_codename(os_release: Path = Path("/etc/os-release")) -> str:
-    fields = dict(line.split("=", 1) for line in os_release.read_text().splitlines() if "=" in line)
-    return fields.get("VERSION_CODENAME", "").strip('"') or "bookworm"
-
-
-def apt_mirror(codename: str, etc_apt: Path = Path("/etc/apt")) -> str:
-    """The URI of the first apt source (one-line or deb822) that serves ``codename`` main; deb.debian.org else."""
-    files = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
-    for path in files:
-        if not path.is_file():
-            continue
-        text = path.read_text(errors="replace")
-        if path.suffix == ".sources":
-            for stanza in re.split(r"\n\s*\n", text):
-                fields = {k.strip(): v.split() for k, _, v in (line.partition(":") for line in stanza.splitlines())}
-                wanted = ("deb", "Types"), (codename, "Suites"), ("main", "Components")
-                if all(value in fields.get(key, []) for value, key in wanted) and fields.get("URIs"):
-                    return fields["URIs"][0]
-        else:
-            for line in text.splitlines():
-                words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
-                if len(words) >= 4 and words[0] == "deb" and words[2] == codename and "main" in words[3:]:
-                    return words[1]
-    return "http://deb.debian.org/debian"
-
-
-def cached_tree(cache: Path = CACHE) -> Path:
-    """The booted tree for the host's Debian suite, made with debootstrap on first use."""
-    codename = host_codename()
-    mirror = apt_mirror(codename)
-    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
-    key = hashlib.sha256(repr((RECIPE, codename, mirror, arch, PACKAGES)).encode()).hexdigest()[:12]
-    tree = cache / f"{codename}-{arch}-{key}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (tree / "usr/lib/systemd/systemd").exists():
-            return tree
-        work = cache / f".build-{os.getpid()}"
-        shutil.rmtree(work, ignore_errors=True)
-        command = [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(PACKAGES)}",
-            f"--arch={arch}",
-            codename,
-            str(work),
-            mirror,
-        ]
-        print(f"nspawn: building the cached tree: {' '.join(command)}")
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
-        if done.returncode != 0:
-            shutil.rmtree(work, ignore_errors=True)
-            raise RuntimeError(f"debootstrap failed ({done.returncode}): {done.stdout[-3000:]}{done.stderr[-3000:]}")
-        for old in cache.glob(f"{codename}-{arch}-*"):  # trees of an older recipe or mirror
-            if old != tree:
-                shutil.rmtree(old, ignore_errors=True)
-        shutil.rmtree(work / "var/cache/apt/archives", ignore_errors=True)
-        work.rename(tree)
-        return tree
 
 
 def host_runs_systemd() -> bool:

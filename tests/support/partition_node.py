@@ -9,9 +9,10 @@ from pathlib import Path
 
 from exporter.backends.simulated import SimulatedBackend
 from healthd.partition.cdi import CdiWriter
-from healthd.partition.manager import ManagerSettings, PartitionManager
+from healthd.partition.manager import PartitionManager
 from healthd.partition.mps import MpsSupervisor, SimulatedMpsControl
 from healthd.partition.owners import OwnerProbe, PodExists
+from healthd.partition.settings import PartitionSettings
 from healthd.partition.sharing import SharingPolicy
 from healthd.partition.store import Store
 from tests.support.clock import FakeClock
@@ -39,7 +40,8 @@ class Node:
         *,
         mps: SimulatedMpsControl | None = None,
         pod_exists: PodExists | None = None,
-        settings: ManagerSettings | None = None,
+        settings: PartitionSettings | None = None,
+        destroy_retry_seconds: float = 0.0,
         proc_root: Path = Path("/proc"),
         new_id: Callable[[], str] | None = None,
     ) -> PartitionManager:
@@ -49,7 +51,8 @@ class Node:
             MpsSupervisor(mps or SimulatedMpsControl(), self.root / "run"),
             CdiWriter(self.cdi_dir),
             OwnerProbe(proc_root=proc_root, cgroup_root=self.root / "cgroup", pod_exists=pod_exists, clock=self.clock),
-            settings=settings or ManagerSettings(owner_grace_seconds=0.0, destroy_retry_seconds=0.0),
+            settings=settings or PartitionSettings(owner_grace_seconds=0.0),
+            destroy_retry_seconds=destroy_retry_seconds,
             clock=self.clock,
             proc_root=proc_root,
             default_sharing=self.sharing,

@@ -1,16 +1,16 @@
-"""A partitions component over any backend, wired as the daemon wires it (for tests that need no whole daemon)."""
+"""A partitions component over any backend, built as the daemon builds it (for tests that need no whole daemon)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
 from exporter.backends.protocol import Backend
-from healthd.host import HostSettings, choose_host
+from healthd.daemon.config import Config
+from healthd.host.view import HostSettings
+from healthd.partition import component
+from healthd.partition.component import PartitionsComponent
 from healthd.partition.settings import PartitionSettings
-from healthd.partition.wiring import PartitionsComponent
+from tests.support.node import node_on
 
 
 def partitions_on(
@@ -20,17 +20,9 @@ def partitions_on(
     *,
     host: HostSettings | None = None,
     runtime_dir: Path | None = None,
-    **kwargs: Any,
 ) -> PartitionsComponent:
     """``backend`` behind its device lanes; the host view chosen for it (simulated files under ``state_dir``)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    device = GuardedBackend(DeviceAccess(backend, DeadlineSettings()))
-    view = choose_host(host or HostSettings(), backend, state_dir)
-    return PartitionsComponent(
-        settings or PartitionSettings(),
-        device,
-        view,
-        state_dir,
-        runtime_dir=runtime_dir or state_dir.parent / "run",
-        **kwargs,
-    )
+    config = Config(host=host or HostSettings(), partitions=settings or PartitionSettings())
+    built = component.build(node_on(backend, state_dir, config, runtime_dir=runtime_dir))
+    assert built is not None
+    return built

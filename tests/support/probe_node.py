@@ -8,9 +8,9 @@ import pytest
 
 from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
-from healthd.faults.model import Finding, ProbeReport
+from healthd.findings import Finding, ProbeReport
 from tests.support.clock import FakeClock
 
 INTERVAL = 5.0
@@ -23,7 +23,7 @@ class Node:
         self.clock = clock
         self.backend = SimulatedBackend(load_scenario(scenario), clock=clock)
         self.sampler = Sampler(
-            self.backend, SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=deadline), clock=clock
+            self.backend, SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=deadline), clock=clock
         )
 
     def inject(self, kind: str, gpu: int = 0, **params: object) -> None:

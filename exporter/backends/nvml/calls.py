@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final, ParamSpec, SupportsFloat, SupportsInt, TypeVar
 
 import pynvml
 
@@ -29,6 +29,7 @@ from exporter.backends.errors import (
 from exporter.backends.types import UNSUPPORTED, Unsupported
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # Readings a card may simply not have: these become UNSUPPORTED, never exceptions.
 UNSUPPORTED_CODES: Final = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
@@ -65,28 +66,28 @@ def translate(err: BaseException, call: str, *, init: bool = False) -> BackendEr
     return _ERROR_CLASSES.get(code if code is not None else -1, BackendError)(message, call=call)
 
 
-def call(name: str, fn: Callable[..., T], *args: Any) -> T:
+def call(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one NVML call; any NVML error leaves as a translated exception naming ``name``."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except pynvml.NVMLError as err:
         raise translate(err, name) from err
 
 
-def optional(name: str, fn: Callable[..., T], *args: Any) -> T | Unsupported:
+def optional(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Unsupported:
     """Like :func:`call`, but NotSupported / FunctionNotFound return ``UNSUPPORTED``."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except pynvml.NVMLError as err:
         if error_code(err) in UNSUPPORTED_CODES:
             return UNSUPPORTED
         raise translate(err, name) from err
 
 
-def skippable(name: str, fn: Callable[..., T], *args: Any) -> T | None:
+def skippable(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
     """For enumerations: None where NVML answers NotSupported / InvalidArgument (an unused profile or link slot)."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except pynvml.NVMLError as err:
         if error_code(err) in SKIP_CODES:
             return None
@@ -105,8 +106,15 @@ def takes_out_refs(fn: Callable[..., Any], plain_arity: int) -> bool:
         return True
 
 
-def list_call(name: str, fn: Callable[..., Any], item_type: Any, capacity: int, *args: Any) -> list[Any]:
-    """Call a pynvml enumeration in whichever signature the installed wrapper has; NotSupported is empty."""
+def list_call(
+    name: str,
+    fn: Callable[..., Any],
+    item_type: type[ctypes.Structure | ctypes._Pointer[Any]],
+    capacity: int,
+    *args: object,
+) -> list[Any]:
+    """Call a pynvml enumeration in whichever signature the installed wrapper has; NotSupported is empty.
+    ``item_type`` is the ctypes type of one entry: a struct (a placement) or a pointer (an instance's handle)."""
     if not takes_out_refs(fn, len(args)):
         listed = optional(name, fn, *args)
         return [] if isinstance(listed, Unsupported) else list(listed)
@@ -120,23 +128,23 @@ def list_call(name: str, fn: Callable[..., Any], item_type: Any, capacity: int, 
 # --- small conversions -----------------------------------------------------------------------------------------
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def as_int(value: Any) -> int | Unsupported:
+def as_int(value: SupportsInt | Unsupported | None) -> int | Unsupported:
     return UNSUPPORTED if value is UNSUPPORTED or value is None else int(value)
 
 
-def as_bool(value: Any) -> bool | Unsupported:
+def as_bool(value: object) -> bool | Unsupported:
     return UNSUPPORTED if value is UNSUPPORTED or value is None else bool(value)
 
 
-def scaled(value: Any, factor: float) -> float | Unsupported:
+def scaled(value: SupportsFloat | Unsupported | None, factor: float) -> float | Unsupported:
     return UNSUPPORTED if value is UNSUPPORTED or value is None else float(value) * factor
 
 
-def ratio(percent: Any) -> float:
+def ratio(percent: SupportsFloat) -> float:
     """NVML's percent as a ratio, clamped to 0-1."""
     return min(max(float(percent) / 100.0, 0.0), 1.0)
 

@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import pynvml
 import structlog
@@ -42,6 +42,7 @@ from exporter.backends.nvml.calls import (
 )
 from exporter.backends.nvml.cards import CardWatch, Refresh, per_card
 from exporter.backends.nvml.events import EventSet, handle_key
+from exporter.backends.nvml.handles import DeviceHandle
 from exporter.backends.nvml.processes import ProcessReader
 from exporter.backends.nvml.profiling import NvmlProfiling
 from exporter.backends.protocol import FaultInjector
@@ -84,7 +85,7 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self._open = False
         self._count = 0
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, DeviceHandle] = {}
         self._infos: dict[int, DeviceInfo] = {}
         self._links: dict[int, tuple[int, ...]] = {}
         self._field_requests: dict[int, tuple[fields.FieldKey, ...]] = {}
@@ -194,7 +195,7 @@ class NvmlBackend:
             return self._infos.setdefault(index, info)
 
     @staticmethod
-    def _probe_links(h: Any) -> tuple[int, ...]:
+    def _probe_links(h: DeviceHandle) -> tuple[int, ...]:
         """Links whose state NVML answers; none when link 0 is NotSupported (e.g. a PCIe card or a VM)."""
         links: list[int] = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
@@ -311,7 +312,7 @@ class NvmlBackend:
         return request
 
     @staticmethod
-    def _memory(h: Any) -> tuple[int, int, int | Unsupported]:
+    def _memory(h: DeviceHandle) -> tuple[int, int, int | Unsupported]:
         """(used, free, reserved): v2 splits out driver-reserved memory; v1 folds it into used."""
         try:
             mem = pynvml.nvmlDeviceGetMemoryInfo(h, pynvml.nvmlMemory_v2)
@@ -419,7 +420,7 @@ class NvmlBackend:
         if not self._open:
             raise DriverUnavailableError("NVML is not initialised: call open() first", call="nvmlInit")
 
-    def _handle(self, index: int) -> Any:
+    def _handle(self, index: int) -> DeviceHandle:
         """The device handle, cached by index; an index the node does not have is NotFoundError."""
         h = self._handles.get(index)
         if h is not None:
@@ -429,9 +430,9 @@ class NvmlBackend:
             raise NotFoundError(
                 f"no GPU with index {index} (node has {self._count})", call="nvmlDeviceGetHandleByIndex"
             )
-        h = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
+        taken: DeviceHandle = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
         with self._lock:
-            h = self._handles.setdefault(index, h)
+            h = self._handles.setdefault(index, taken)
         refresh = self._cards.handle_taken(index, handle_key(h))
         if refresh is not None:
             self._renew(index, refresh)

@@ -19,13 +19,14 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final, cast
 
 import pynvml
 import structlog
 
 from exporter.backends.errors import BackendError
 from exporter.backends.nvml.calls import call, error_code, optional, translate
+from exporter.backends.nvml.handles import DeviceHandle, EventData, EventSetHandle
 from exporter.backends.types import DeviceEvent, EventKind, Unsupported
 
 log = structlog.get_logger("nvml.events")
@@ -37,16 +38,17 @@ _NO_INSTANCE: Final = 0xFFFFFFFF  # nvmlEventData_t gpuInstanceId / computeInsta
 _DRAIN_LIMIT: Final = 256  # events taken from a set being replaced (far more than a set queues between waits)
 
 
-def handle_key(handle: Any) -> int | None:
-    """The address behind a device handle (what nvmlEventData_t.device points at)."""
-    return ctypes.cast(handle, ctypes.c_void_p).value
+def handle_key(handle: DeviceHandle) -> int | None:
+    """The address behind a device handle (what nvmlEventData_t.device points at): pynvml's handles are ctypes
+    pointers."""
+    return ctypes.cast(cast("ctypes.c_void_p", handle), ctypes.c_void_p).value
 
 
 class EventSet:
     def __init__(
         self,
         count: Callable[[], int],
-        handle: Callable[[int], Any],
+        handle: Callable[[int], DeviceHandle],
         uuid: Callable[[int], str],
         *,
         retry_seconds: float = 30.0,
@@ -61,7 +63,7 @@ class EventSet:
         self._clock = clock
         self._lock = threading.Lock()  # guards the rebuild request only
         self._rebuild_reason: str | None = "first use"
-        self._set: Any = None
+        self._set: EventSetHandle | None = None
         self._gpus: dict[int, int] = {}  # handle address -> gpu index of every registered card
         self._missing: set[int] = set()  # cards to retry (lost or resetting when last tried)
         self._warned: set[int] = set()  # cards whose failed registration was logged
@@ -196,7 +198,7 @@ class EventSet:
         if not isinstance(ok, Unsupported) and key is not None:
             self._gpus[key] = index
 
-    def _drain(self, event_set: Any) -> None:
+    def _drain(self, event_set: EventSetHandle) -> None:
         for _ in range(_DRAIN_LIMIT):
             try:
                 data = pynvml.nvmlEventSetWait_v2(event_set, 0)
@@ -206,7 +208,7 @@ class EventSet:
             if event is not None:
                 self._pending.append(event)
 
-    def _to_event(self, data: Any) -> DeviceEvent | None:
+    def _to_event(self, data: EventData) -> DeviceEvent | None:
         event_type = int(data.eventType)
         if event_type & pynvml.nvmlEventTypeXidCriticalError:
             kind = EventKind.XID
@@ -237,7 +239,7 @@ class EventSet:
         )
 
 
-def _instance_id(data: Any, name: str) -> int | None:
+def _instance_id(data: EventData, name: str) -> int | None:
     value = getattr(data, name, None)
     return None if value is None or int(value) == _NO_INSTANCE else int(value)
 

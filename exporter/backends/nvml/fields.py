@@ -9,11 +9,12 @@ built from it fall back to the dedicated call where there is one (row remapping,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import pynvml
 
 from exporter.backends.nvml.calls import as_int, optional, scaled
+from exporter.backends.nvml.handles import DeviceHandle, FieldValue
 from exporter.backends.types import UNSUPPORTED, LinkState, NvLinkSample, RemappedRows, Unsupported
 
 FieldKey = tuple[int, int]  # (fieldId, scopeId)
@@ -85,7 +86,7 @@ FI_LINK_REPLAY: Final = _per_link_ids("REPLAY")
 FI_LINK_RECOVERY: Final = _per_link_ids("RECOVERY")
 
 
-def decode_field(fv: Any) -> int | float | Unsupported:
+def decode_field(fv: FieldValue) -> int | float | Unsupported:
     """The value of one ``c_nvmlFieldValue_t``: UNSUPPORTED unless its own nvmlReturn is SUCCESS."""
     if fv.nvmlReturn != pynvml.NVML_SUCCESS:
         return UNSUPPORTED
@@ -111,7 +112,7 @@ def field_request(links: tuple[int, ...]) -> tuple[FieldKey, ...]:
     return tuple(keys)
 
 
-def read_fields(h: Any, request: tuple[FieldKey, ...]) -> dict[FieldKey, int | float]:
+def read_fields(h: DeviceHandle, request: tuple[FieldKey, ...]) -> dict[FieldKey, int | float]:
     """One ``nvmlDeviceGetFieldValues`` batch; fields the card does not answer are left out."""
     values = optional("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, h, list(request))
     if values is UNSUPPORTED:
@@ -129,7 +130,7 @@ def device_field(fields: FieldValues, fid: int) -> int | float | Unsupported:
     return fields.get((fid, 0), UNSUPPORTED)
 
 
-def remapped_rows(h: Any, fields: FieldValues) -> RemappedRows | Unsupported:
+def remapped_rows(h: DeviceHandle, fields: FieldValues) -> RemappedRows | Unsupported:
     """Row remapping from the batch; ``nvmlDeviceGetRemappedRows`` when the card left any of its fields out."""
     parts = [device_field(fields, fid) for fid in (FI_REMAP_COR, FI_REMAP_UNC, FI_REMAP_PENDING, FI_REMAP_FAILURE)]
     values: list[int] = [int(part) for part in parts if not isinstance(part, Unsupported)]
@@ -142,7 +143,7 @@ def remapped_rows(h: Any, fields: FieldValues) -> RemappedRows | Unsupported:
     return RemappedRows(correctable=cor, uncorrectable=unc, pending=bool(pending), failure=bool(failure))
 
 
-def nvlink_samples(h: Any, links: tuple[int, ...], fields: FieldValues) -> tuple[NvLinkSample, ...]:
+def nvlink_samples(h: DeviceHandle, links: tuple[int, ...], fields: FieldValues) -> tuple[NvLinkSample, ...]:
     """State, error counters and traffic of each link; the error-counter call where the batch has no answer."""
     samples = []
     for link in links:
@@ -183,7 +184,7 @@ def nvlink_samples(h: Any, links: tuple[int, ...], fields: FieldValues) -> tuple
     return tuple(samples)
 
 
-def _link_error(h: Any, link: int, counter: int) -> int | Unsupported:
+def _link_error(h: DeviceHandle, link: int, counter: int) -> int | Unsupported:
     return as_int(optional("nvmlDeviceGetNvLinkErrorCounter", pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter))
 
 

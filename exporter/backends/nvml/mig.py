@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Any, Final
+from typing import Final
 
 import pynvml
 
 from exporter.backends.errors import BackendError, InvalidStateError, NotFoundError
 from exporter.backends.nvml.calls import SKIP_CODES, call, error_code, list_call, optional, skippable, text, translate
+from exporter.backends.nvml.handles import (
+    ComputeInstanceHandle,
+    ComputeInstanceProfileInfo,
+    DeviceHandle,
+    GpuInstanceHandle,
+    GpuInstanceProfileInfo,
+)
 from exporter.backends.types import UNSUPPORTED, MigInstance, MigProfile, Unsupported
 
 _MIB: Final = 1024 * 1024
 _MAX_PLACEMENTS: Final = 64  # more than any card's memory-slice count
 
 
-def profile_name(raw: Any, slices: int, memory_mib: int) -> str:
+def profile_name(raw: object, slices: int, memory_mib: int) -> str:
     """``"MIG 1g.18gb"`` -> ``"1g.18gb"``; synthesised like DCGM when the driver gives no name (v1 struct)."""
     name = text(raw).strip() if raw else ""
     if not name:
@@ -28,7 +35,7 @@ def profile_name(raw: Any, slices: int, memory_mib: int) -> str:
     return name.removeprefix("MIG ").strip()
 
 
-def read_profiles(h: Any) -> tuple[MigProfile, ...]:
+def read_profiles(h: DeviceHandle) -> tuple[MigProfile, ...]:
     """Every GPU-instance profile the card offers, with its legal placements; empty when not MIG capable."""
     profiles: list[MigProfile] = []
     seen: set[int] = set()
@@ -61,11 +68,12 @@ def read_profiles(h: Any) -> tuple[MigProfile, ...]:
     return tuple(profiles)
 
 
-def _gi_profile_info(h: Any, const: int) -> Any:
+def _gi_profile_info(h: DeviceHandle, const: int) -> GpuInstanceProfileInfo | None:
     """Profile info by profile constant (v2 carries the name); None for constants this card lacks."""
     name = "nvmlDeviceGetGpuInstanceProfileInfo"
     try:
-        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
+        info: GpuInstanceProfileInfo = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
+        return info
     except pynvml.NVMLError as err:
         if error_code(err) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             if error_code(err) in SKIP_CODES:
@@ -74,18 +82,18 @@ def _gi_profile_info(h: Any, const: int) -> Any:
     return skippable(name, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const, 1)
 
 
-def mig_enabled(h: Any) -> bool:
+def mig_enabled(h: DeviceHandle) -> bool:
     mode = optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h)
     return not isinstance(mode, Unsupported) and bool(mode[0])
 
 
-def require_enabled(index: int, h: Any) -> None:
+def require_enabled(index: int, h: DeviceHandle) -> None:
     """InvalidStateError unless MIG is on: NVML creates or destroys instances only in MIG mode."""
     if not mig_enabled(h):
         raise InvalidStateError(f"MIG is not enabled on GPU {index}", call="nvmlDeviceGetMigMode")
 
 
-def list_instances(index: int, h: Any, profiles: tuple[MigProfile, ...]) -> tuple[MigInstance, ...]:
+def list_instances(index: int, h: DeviceHandle, profiles: tuple[MigProfile, ...]) -> tuple[MigInstance, ...]:
     """The MIG devices of card ``index`` with MIG on (one per compute instance), by GPU and compute instance id."""
     by_id = {p.profile_id: p for p in profiles}
     gpu_instances: dict[int, tuple[MigProfile, int, int]] = {}  # gi id -> (profile, start, size)
@@ -133,7 +141,9 @@ def list_instances(index: int, h: Any, profiles: tuple[MigProfile, ...]) -> tupl
     return tuple(sorted(result, key=lambda m: (m.gpu_instance_id, m.compute_instance_id)))
 
 
-def create_instance(index: int, h: Any, profiles: tuple[MigProfile, ...], profile_id: int, placement_start: int) -> int:
+def create_instance(
+    index: int, h: DeviceHandle, profiles: tuple[MigProfile, ...], profile_id: int, placement_start: int
+) -> int:
     """Create a GPU instance at a placement and one compute instance spanning it (MIG on, see
     :func:`require_enabled`); returns the GPU instance id."""
     profile = next((p for p in profiles if p.profile_id == profile_id), None)
@@ -164,7 +174,7 @@ def create_instance(index: int, h: Any, profiles: tuple[MigProfile, ...], profil
         raise
 
 
-def destroy_instance(index: int, h: Any, gpu_instance_id: int) -> None:
+def destroy_instance(index: int, h: DeviceHandle, gpu_instance_id: int) -> None:
     """Destroy the GPU instance's compute instances, then the GPU instance."""
     require_enabled(index, h)
     gi = call("nvmlDeviceGetGpuInstanceById", pynvml.nvmlDeviceGetGpuInstanceById, h, gpu_instance_id)
@@ -173,7 +183,7 @@ def destroy_instance(index: int, h: Any, gpu_instance_id: int) -> None:
     call("nvmlGpuInstanceDestroy", pynvml.nvmlGpuInstanceDestroy, gi)
 
 
-def _gpu_instances(h: Any, profile: MigProfile) -> list[Any]:
+def _gpu_instances(h: DeviceHandle, profile: MigProfile) -> list[GpuInstanceHandle]:
     return list_call(
         "nvmlDeviceGetGpuInstances",
         pynvml.nvmlDeviceGetGpuInstances,
@@ -184,8 +194,8 @@ def _gpu_instances(h: Any, profile: MigProfile) -> list[Any]:
     )
 
 
-def _ci_profiles(gi: Any) -> list[Any]:
-    infos = []
+def _ci_profiles(gi: GpuInstanceHandle) -> list[ComputeInstanceProfileInfo]:
+    infos: list[ComputeInstanceProfileInfo] = []
     for const in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         info = skippable(
             "nvmlGpuInstanceGetComputeInstanceProfileInfo",
@@ -199,7 +209,7 @@ def _ci_profiles(gi: Any) -> list[Any]:
     return infos
 
 
-def _full_ci_profile(gi: Any, slices: int) -> int:
+def _full_ci_profile(gi: GpuInstanceHandle, slices: int) -> int:
     """The compute-instance profile that spans the whole GPU instance."""
     infos = _ci_profiles(gi)
     if not infos:
@@ -211,8 +221,8 @@ def _full_ci_profile(gi: Any, slices: int) -> int:
     return int(best.id)
 
 
-def _compute_instances(gi: Any) -> list[Any]:
-    instances: list[Any] = []
+def _compute_instances(gi: GpuInstanceHandle) -> list[ComputeInstanceHandle]:
+    instances: list[ComputeInstanceHandle] = []
     for info in _ci_profiles(gi):
         instances += list_call(
             "nvmlGpuInstanceGetComputeInstances",

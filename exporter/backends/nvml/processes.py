@@ -14,6 +14,7 @@ from typing import Any, Final
 import pynvml
 
 from exporter.backends.nvml.calls import UNSUPPORTED_CODES, error_code, ratio, translate
+from exporter.backends.nvml.handles import DeviceHandle
 from exporter.backends.types import UNKNOWN, UNSUPPORTED, GpuProcess, Unknown, Unsupported
 
 _INVALID_ID: Final = 0xFFFFFFFF  # NVML's "no GPU instance" / "not available" for 32-bit ids
@@ -26,7 +27,7 @@ class ProcessReader:
         self._lock = threading.Lock()
         self._util_seen: dict[int, int] = {}  # gpu -> last process-utilization timestamp (us)
 
-    def read(self, index: int, h: Any) -> tuple[GpuProcess, ...] | Unknown:
+    def read(self, index: int, h: DeviceHandle) -> tuple[GpuProcess, ...] | Unknown:
         running = running_processes(h)
         if isinstance(running, Unknown):
             return UNKNOWN
@@ -61,7 +62,7 @@ class ProcessReader:
             else:
                 self._util_seen.pop(index, None)
 
-    def _sm_util(self, index: int, h: Any) -> dict[int, float]:
+    def _sm_util(self, index: int, h: DeviceHandle) -> dict[int, float]:
         """SM use per PID from samples newer than the last call's."""
         with self._lock:
             since = self._util_seen.get(index, 0)
@@ -83,7 +84,7 @@ class ProcessReader:
         return {pid: ratio(sm) for pid, (_, sm) in latest.items()}
 
 
-def running_processes(h: Any) -> list[Any] | Unsupported | Unknown:
+def running_processes(h: DeviceHandle) -> list[Any] | Unsupported | Unknown:
     """The card's compute processes; UNKNOWN where NVML refuses the list (NO_PERMISSION: with MIG on the parent's
     list needs privileges) rather than failing the card's whole sample."""
     for name, fn in (

@@ -39,6 +39,7 @@ from exporter.backends.errors import (
     VersionMismatchError,
 )
 from exporter.backends.nvml.calls import UNSUPPORTED_CODES, call, error_code, optional, ratio, scaled, translate
+from exporter.backends.nvml.handles import DeviceHandle, GpmSample
 from exporter.backends.types import (
     UNSUPPORTED,
     DeviceProfiling,
@@ -149,8 +150,8 @@ _set = ctypes.Structure.__setattr__
 class _Bracket:
     """The sample that opens the next interval of one card or GPU instance, and a spare buffer for the next."""
 
-    opening: Any
-    spare: Any
+    opening: GpmSample
+    spare: GpmSample
     opened_at: float | None = None  # monotonic time the opening sample was taken; None before the first
     supported: bool = True
 
@@ -170,7 +171,7 @@ class NvmlProfiling:
 
     # --- public --------------------------------------------------------------------------------------------
 
-    def read(self, index: int, handle: Any, mig_instances: Iterable[MigInstance]) -> DeviceProfiling:
+    def read(self, index: int, handle: DeviceHandle, mig_instances: Iterable[MigInstance]) -> DeviceProfiling:
         """GPM of the card and each MIG instance since the previous call, and encoder/decoder utilization."""
         supported = self._gpm_supported(index, handle)
         card: ProfilingSample | None = None
@@ -202,7 +203,7 @@ class NvmlProfiling:
             decoder_utilization_ratio=self._codec("nvmlDeviceGetDecoderUtilization", handle),
         )
 
-    def pcie_throughput(self, handle: Any, clock: Callable[[], float] = time.time) -> PcieThroughput:
+    def pcie_throughput(self, handle: DeviceHandle, clock: Callable[[], float] = time.time) -> PcieThroughput:
         """Both directions of ``nvmlDeviceGetPcieThroughput`` (KB/s over a 20 ms window each)."""
         tx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         rx = self._optional("nvmlDeviceGetPcieThroughput", handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
@@ -261,7 +262,7 @@ class NvmlProfiling:
             self._defined = ids
         return ids
 
-    def _gpm_supported(self, index: int, handle: Any) -> bool:
+    def _gpm_supported(self, index: int, handle: DeviceHandle) -> bool:
         with self._lock:
             known = self._support.get(index)
         if known is not None:
@@ -290,7 +291,7 @@ class NvmlProfiling:
         return bracket
 
     def _interval(
-        self, index: int, handle: Any, key: tuple[int, int, str], ids: Mapping[int, ProfilingMetric]
+        self, index: int, handle: DeviceHandle, key: tuple[int, int, str], ids: Mapping[int, ProfilingMetric]
     ) -> ProfilingSample | None:
         bracket = self._bracket(key)
         if not bracket.supported:
@@ -325,7 +326,7 @@ class NvmlProfiling:
             interval_seconds=now - opened_at, metrics=MappingProxyType(metrics), engines=MappingProxyType(busy)
         )
 
-    def _metrics(self, index: int, older: Any, newer: Any, ids: list[int]) -> dict[int, float]:
+    def _metrics(self, index: int, older: GpmSample, newer: GpmSample, ids: list[int]) -> dict[int, float]:
         """The metrics of the interval between two samples, of the ids the driver defines and has not refused.
 
         One ``nvmlGpmMetricsGet`` asks for them all. Should the driver refuse that whole request, each id is asked
@@ -363,7 +364,7 @@ class NvmlProfiling:
         return answered
 
     @staticmethod
-    def _metrics_get(older: Any, newer: Any, ids: list[int]) -> dict[int, float]:
+    def _metrics_get(older: GpmSample, newer: GpmSample, ids: list[int]) -> dict[int, float]:
         """One ``nvmlGpmMetricsGet``; raises ``pynvml.NVMLError`` when the driver refuses the request.
 
         pynvml's structures route every field access through a Python ``__getattribute__``; the ~45 slots are read
@@ -401,7 +402,7 @@ class NvmlProfiling:
 
     # --- encoder / decoder ----------------------------------------------------------------------------------
 
-    def _codec(self, name: str, handle: Any) -> float | Unsupported:
+    def _codec(self, name: str, handle: DeviceHandle) -> float | Unsupported:
         answer = self._optional(name, handle)
         if isinstance(answer, Unsupported):
             return UNSUPPORTED
@@ -410,7 +411,7 @@ class NvmlProfiling:
     # --- plumbing -------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _optional(name: str, *args: Any) -> Any:
+    def _optional(name: str, *args: object) -> Any | Unsupported:
         fn = getattr(pynvml, name, None)  # looked up per call: an older nvidia-ml-py may lack the wrapper
         return UNSUPPORTED if fn is None else optional(name, fn, *args)
 

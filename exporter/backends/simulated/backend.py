@@ -8,6 +8,7 @@ hang injected on one card blocks only calls to that card.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -60,8 +61,14 @@ class SimulatedBackend:
         self._open = False
         self._events: queue.Queue[DeviceEvent] = queue.Queue()
         self._cards = [model.new_card(scenario, i) for i in range(len(scenario.cards))]
+        self._watchers: list[Callable[[], None]] = []
+        self._watchers_lock = threading.Lock()
         self.injector = SimulatedInjector(
-            self._cards, self._events, clock=clock, driver_version=scenario.driver_version
+            self._cards,
+            self._events,
+            clock=clock,
+            driver_version=scenario.driver_version,
+            workloads_changed=self._workloads_changed,
         )
         for spec in scenario.processes:
             card = self._cards[spec.gpu]
@@ -278,6 +285,25 @@ class SimulatedBackend:
                     )
         return tuple(out)
 
+    def watch_workloads(self, changed: Callable[[], None]) -> Callable[[], None]:
+        """Simulation only: call ``changed`` after a simulated process starts or exits or a MIG instance comes or
+        goes (on the thread that made the change, with no card locked); returns what stops the calls."""
+        with self._watchers_lock:
+            self._watchers.append(changed)
+
+        def unwatch() -> None:
+            with self._watchers_lock:
+                if changed in self._watchers:
+                    self._watchers.remove(changed)
+
+        return unwatch
+
+    def _workloads_changed(self) -> None:
+        with self._watchers_lock:
+            watchers = list(self._watchers)
+        for changed in watchers:
+            changed()
+
     # ----- MIG: mig.py -------------------------------------------------------------------------------------
 
     def mig_profiles(self, index: int) -> tuple[MigProfile, ...]:
@@ -295,12 +321,15 @@ class SimulatedBackend:
         card = self._enter(index, "create_mig_instance", "nvmlDeviceCreateGpuInstanceWithPlacement")
         with card.lock:
             gi = mig.create_gi(card, self.scenario.mig_profiles, profile_id, placement_start)
-            return mig.mig_instance(card, gi)
+            created = mig.mig_instance(card, gi)
+        self._workloads_changed()
+        return created
 
     def destroy_mig_instance(self, index: int, gpu_instance_id: int) -> None:
         card = self._enter(index, "destroy_mig_instance", "nvmlGpuInstanceDestroy")
         with card.lock:
             mig.destroy_gi(card, gpu_instance_id)
+        self._workloads_changed()
 
     # ----- events and faults: injector.py ------------------------------------------------------------------
 

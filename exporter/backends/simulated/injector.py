@@ -43,8 +43,10 @@ class SimulatedInjector:
         *,
         clock: Callable[[], float],
         driver_version: str,
+        workloads_changed: Callable[[], None] = lambda: None,  # a process started or exited
     ) -> None:
         self._cards = cards
+        self._workloads_changed = workloads_changed
         self._events = events
         self._clock = clock
         self._driver_version = driver_version
@@ -194,6 +196,7 @@ class SimulatedInjector:
             if any(pid in c.procs for c in self._cards):
                 raise ValueError(f"pid {pid} already runs on a simulated GPU")
             card.procs[pid] = Proc(pid, p.get("name", "python3"), memory, load, gi, pod)
+        self._workloads_changed()
         where = f" in pod {pod.namespace}/{pod.pod} container {pod.container}" if pod else ""
         return f"process {pid} started on GPU {card.index} with {memory // 2**20} MiB{where}"
 
@@ -202,6 +205,7 @@ class SimulatedInjector:
         with card.lock:
             if card.procs.pop(pid, None) is None:
                 raise ValueError(f"pid {pid} does not run on GPU {card.index}")
+        self._workloads_changed()
         return f"process {pid} exited on GPU {card.index}"
 
     def _fault_orphan_memory(self, card: Card, p: dict[str, str]) -> str:

@@ -22,10 +22,9 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import ClockEventReason
 from exporter.collectors import SnapshotExporter, default_collectors
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
-from exporter.status_page import card_problems, render_status_page
-from healthd.daemon.status_rows import status_providers
+from healthd.daemon.status_page import card_problems, render_status_page
 from healthd.probes.throttle import ThrottleProbe
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import make_engine
@@ -89,7 +88,7 @@ def _exprs(node: object) -> list[str]:
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     sampler.run_once()
     clock.advance(10)
     snap = sampler.run_once()
@@ -134,12 +133,12 @@ def test_the_status_page_shows_the_throttle_probes_verdict_on_every_bit(
         snap = _with_reasons(snapshot, 2, reason, sampled_at=snapshot.taken_at + 60 * i)
         engine.accept_report(probe.evaluate(snap, snapshot.taken_at + 60 * i))
         clock.advance(60)
-    providers = status_providers(engine, None)
-    shown = [(p.level, p.text) for p in card_problems(snap.gpus[2], providers.checks(), providers.faults())]
+    checks, faults = engine.check_states(), engine.active_faults()
+    shown = [(p.level, p.text) for p in card_problems(snap.gpus[2], checks, faults)]
     if reason.label in SLOWDOWNS:
         check = f"clocks: clock slowdown ({reason.label}) in 100% of samples over the last 600s"
         assert shown == [("warn", check), ("warn", "fault clocks_hw_slowdown")]
-        assert check in render_status_page(snap, clock.now, providers)
+        assert check in render_status_page(snap, clock.now, checks=engine.check_states, faults=engine.active_faults)
     else:
         assert shown == [], f"{reason.label} is not a slowdown (nvml.h)"
-    assert all(card_problems(g, providers.checks(), providers.faults()) == [] for g in snap.gpus if g.index != 2)
+    assert all(card_problems(g, checks, faults) == [] for g in snap.gpus if g.index != 2)

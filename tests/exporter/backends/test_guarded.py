@@ -11,11 +11,13 @@ import pytest
 
 from exporter.backends.errors import GpuLostError
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import CallTimeoutError, CardHungError, DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import CallTimeoutError, CardHungError, DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
+from exporter.sampler import SamplerSettings
+from exporter.settings import ConfigError, parse_section
 from tests.support.waiting import eventually
 
-FAST = DeadlineSettings(read_seconds=0.2, change_seconds=0.3, open_seconds=0.5)
+FAST = SamplerSettings(call_deadline_seconds=0.2, change_deadline_seconds=0.3, open_deadline_seconds=0.5)
 
 
 @pytest.fixture
@@ -159,7 +161,7 @@ def test_hung_lanes_are_found_without_a_waiter(sim: SimulatedBackend) -> None:
     """A caller that went away (cancelled) does not hide a hang: asking for hung lanes finds it."""
     access = DeviceAccess(sim, FAST)
     sim.inject("hang", 4, {"call": "sample"})
-    access.submit(4, "sample", lambda: sim.sample(4), FAST.read_seconds)  # nobody waits for it
+    access.submit(4, "sample", lambda: sim.sample(4), FAST.call_deadline_seconds)  # nobody waits for it
     assert eventually(lambda: bool(access.hung()), 5.0)
     (hung,) = access.hung()
     assert (hung.scope, hung.call) == (4, "sample")
@@ -187,6 +189,7 @@ def test_event_wait_has_its_own_lane(device: GuardedBackend, sim: SimulatedBacke
     assert "lane-events" in lane_threads()
 
 
-def test_deadline_settings_reject_nonsense() -> None:
-    with pytest.raises(ValueError, match="read_seconds"):
-        DeadlineSettings(read_seconds=0)
+@pytest.mark.parametrize("name", ["call_deadline_seconds", "change_deadline_seconds", "open_deadline_seconds"])
+def test_deadlines_reject_nonsense(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^sampler\.{name}: must be between 0.05 and 600, got 0$"):
+        parse_section(SamplerSettings, {name: 0}, "sampler")

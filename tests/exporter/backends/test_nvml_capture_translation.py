@@ -27,7 +27,7 @@ from exporter.backends.types import (
     RemappedRows,
     Unsupported,
 )
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from tests.support.clock import FakeClock
 from tests.support.nvml_capture_fake import FakeNvml, install
 
@@ -399,7 +399,7 @@ def test_wait_event_delivers_an_xid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- the sampler over the backend -------------------------------------------------------------------------------
 
-GENEROUS = SamplerConfig(interval_seconds=60.0, call_deadline_seconds=60.0, open_deadline_seconds=60.0)
+GENEROUS = SamplerSettings(interval_seconds=60.0, call_deadline_seconds=60.0, open_deadline_seconds=60.0)
 
 
 def _sampler_over_fake(monkeypatch: pytest.MonkeyPatch, **fake_options: Any) -> tuple[Sampler, FakeNvml, FakeClock]:

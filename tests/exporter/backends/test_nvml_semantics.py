@@ -17,7 +17,7 @@ from exporter.backends.errors import BackendError, GpuLostError
 from exporter.backends.nvml import NvmlBackend
 from exporter.backends.nvml.cards import CardWatch
 from exporter.backends.types import UNKNOWN, DeviceEvent, EventKind, GpuProcess
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from tests.support.clock import FakeClock
 from tests.support.nvml_capture_data import CAPTURED_PROCESS
 from tests.support.nvml_capture_fake import FakeNvml, install
@@ -99,7 +99,7 @@ def test_sampler_never_publishes_an_unknown_process_list_as_empty(monkeypatch: p
     fake.unprivileged()
     fake.add_captured_process()
     backend = NvmlBackend()
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=60.0, call_deadline_seconds=60.0), clock=FakeClock())
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=60.0, call_deadline_seconds=60.0), clock=FakeClock())
     try:
         gpu = sampler.run_once().gpu(0)
         assert gpu is not None

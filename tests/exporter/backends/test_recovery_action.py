@@ -24,10 +24,9 @@ from exporter.backends.recovery import (
 )
 from exporter.collectors.card import CardCollector
 from exporter.snapshot import Snapshot
-from exporter.status_page import Problem, card_problems
-from healthd.daemon.status_rows import status_providers
-from healthd.faults.model import Action, ProbeReport, Severity
-from healthd.probes.driver import DriverProbe, DriverSettings
+from healthd.daemon.status_page import Problem, card_problems
+from healthd.findings import Action, ProbeReport, Severity
+from healthd.probes.driver import DriverProbe
 from tests.support.clock import FakeClock
 from tests.support.faults_helpers import make_engine
 from tests.support.probe_node import Node, codes, only
@@ -140,8 +139,7 @@ def _shown(tmp_path: Path, clock: FakeClock, snapshot: Snapshot, report: ProbeRe
     one driver-probe report."""
     engine = make_engine(tmp_path, clock)
     engine.accept_report(report)
-    providers = status_providers(engine, None)
-    shown = {g.index: card_problems(g, providers.checks(), providers.faults()) for g in snapshot.gpus}
+    shown = {g.index: card_problems(g, engine.check_states(), engine.active_faults()) for g in snapshot.gpus}
     return {index: problems for index, problems in shown.items() if problems}
 
 
@@ -149,7 +147,7 @@ def test_r580_bus_reset_is_a_reset_not_a_warning(h200x8: Node, tmp_path: Path) -
     h200x8.inject("recovery_action", 3, code=5)
     snapshot = h200x8.tick()
     assert snapshot.system is not None and snapshot.system.driver_version == "580.159.04"
-    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    report = DriverProbe().evaluate(snapshot, 0)
     finding = only(report, "recovery_action_bus_reset")
     assert (finding.severity, finding.action) == (Severity.CRITICAL, Action.RESET_GPU)
     assert finding.gpu is not None and finding.gpu.index == 3
@@ -163,7 +161,7 @@ def test_r580_bus_reset_is_a_reset_not_a_warning(h200x8: Node, tmp_path: Path) -
 def test_the_same_raw_value_on_r615_is_the_imex_domain(h200x8: Node) -> None:
     h200x8.inject("recovery_action", 3, code=5)
     snapshot = _with_driver(h200x8.tick(), "615.71.01")
-    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    report = DriverProbe().evaluate(snapshot, 0)
     finding = only(report, "recovery_action_recover_imex_domain")
     assert (finding.severity, finding.action) == (Severity.WARNING, Action.NONE)
     assert _recovery_metric(snapshot)["3"] == 5.0
@@ -172,7 +170,7 @@ def test_the_same_raw_value_on_r615_is_the_imex_domain(h200x8: Node) -> None:
 def test_a_value_the_branch_lacks_is_reported_as_unknown(h200x8: Node, tmp_path: Path) -> None:
     h200x8.inject("recovery_action", 1, code=5)
     snapshot = _with_driver(h200x8.tick(), "590.48.01")
-    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    report = DriverProbe().evaluate(snapshot, 0)
     finding = only(report, "recovery_action_unknown")
     assert (finding.severity, finding.action) == (Severity.WARNING, Action.NONE)
     assert "R590" in finding.message and "5" in finding.message
@@ -183,8 +181,8 @@ def test_a_value_the_branch_lacks_is_reported_as_unknown(h200x8: Node, tmp_path:
 def test_r615_system_reboot_asks_for_a_reboot(h200x8: Node) -> None:
     h200x8.inject("recovery_action", 2, code=7)
     snapshot = _with_driver(h200x8.tick(), "615.71.01")
-    report = DriverProbe(DriverSettings(proc_root=None)).evaluate(snapshot, 0)
+    report = DriverProbe().evaluate(snapshot, 0)
     finding = only(report, "recovery_action_system_reboot")
     assert finding.action is Action.REBOOT_NODE
     h200x8.inject("recovery_action", 2, code=0)
-    assert codes(DriverProbe(DriverSettings(proc_root=None)).evaluate(h200x8.tick(), 0)) == set()
+    assert codes(DriverProbe().evaluate(h200x8.tick(), 0)) == set()

@@ -13,11 +13,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from tests.support.clock import FakeClock
 
-CONFIG = SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2)
+CONFIG = SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2)
 
 
 def render(snapshot: Snapshot | None, now: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,10 +17,10 @@ from exporter.attribution.attributor import Allocation, Attribution
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
-from healthd.config import ConfigError, parse_config
-from healthd.daemon.metrics import CardMetrics
+from healthd.daemon.cards import CardMetrics
+from healthd.daemon.config import ConfigError, parse_config
 from tests.support.clock import FakeClock
 
 # dcgm-exporter's active default counters (etc/default-counters.csv) that we provide
@@ -41,11 +42,13 @@ PROFILING = (
 LINKS = ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES",
          "DCGM_FI_PROF_NVLINK_RX_BYTES")  # fmt: skip
 LABELS = {"gpu", "UUID", "device", "modelName", "hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
+# the tests below check the 4.8 line's names; tests/exporter/collectors/test_dcgm_versions.py the 4.10 line's
+Dcgm48 = functools.partial(DcgmCompatCollector, version="4.8")
 
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    s = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     s.run_once()
     clock.advance(10)
     snap = s.run_once()
@@ -77,7 +80,7 @@ def one(text: str, name: str, gpu: str, **extra: str) -> float:
 
 
 def test_default_names_and_labels(snapshot: Snapshot) -> None:
-    text = render(snapshot, [DcgmCompatCollector("node-a")])
+    text = render(snapshot, [Dcgm48("node-a")])
     names = {n for n, _, _ in series(text)}
     assert names >= DEFAULTS_PROVIDED
     for _, labels, _ in dcgm_series(text):
@@ -88,7 +91,7 @@ def test_default_names_and_labels(snapshot: Snapshot) -> None:
 
 
 def test_units_follow_dcgm_and_agree_with_xpu_metrics(snapshot: Snapshot) -> None:
-    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    text = render(snapshot, [*default_collectors(), Dcgm48("node-a")])
     g = "0"
     assert one(text, "DCGM_FI_DEV_SM_CLOCK", g) == one(text, "xpu_gpu_sm_clock_hertz", g) / 1e6
     assert one(text, "DCGM_FI_DEV_FB_USED", g) == one(text, "xpu_gpu_memory_used_bytes", g) / 2**20
@@ -100,13 +103,13 @@ def test_units_follow_dcgm_and_agree_with_xpu_metrics(snapshot: Snapshot) -> Non
 
 
 def test_counters_keep_dcgm_names_without_total(snapshot: Snapshot) -> None:
-    text = render(snapshot, [DcgmCompatCollector("node-a")])
+    text = render(snapshot, [Dcgm48("node-a")])
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION untyped" in text
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
 
 
 def test_mig_devices_get_instance_labels(snapshot: Snapshot) -> None:
-    text = render(snapshot, [DcgmCompatCollector("node-a")])
+    text = render(snapshot, [Dcgm48("node-a")])
     mig = [(n, ls) for n, ls, _ in series(text) if "GPU_I_ID" in ls]
     assert {n for n, _ in mig} == {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", *PROFILING}
     assert {ls["GPU_I_PROFILE"] for _, ls in mig} == {"3g.71gb", "2g.35gb"}
@@ -115,26 +118,26 @@ def test_mig_devices_get_instance_labels(snapshot: Snapshot) -> None:
 
 
 def test_stuck_card_has_no_values(sim: SimulatedBackend, clock: FakeClock) -> None:
-    s = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     s.run_once()
     sim.inject("gpu_lost", 2)
     snap = s.run_once()
     s.stop()
-    text = render(snap, [DcgmCompatCollector("node-a")])
+    text = render(snap, [Dcgm48("node-a")])
     assert not [ls for _, ls, _ in dcgm_series(text) if ls["gpu"] == "2"]
     assert [ls for _, ls, _ in dcgm_series(text) if ls["gpu"] == "1"]
 
 
 def test_last_xid_provider(snapshot: Snapshot) -> None:
-    text = render(snapshot, [DcgmCompatCollector("node-a", last_xid=lambda: {3: 79})])
+    text = render(snapshot, [Dcgm48("node-a", last_xid=lambda: {3: 79})])
     assert one(text, "DCGM_FI_DEV_XID_ERRORS", "3") == 79
     assert one(text, "DCGM_FI_DEV_XID_ERRORS", "0") == 0
-    assert "DCGM_FI_DEV_XID_ERRORS" not in render(snapshot, [DcgmCompatCollector("node-a")])
+    assert "DCGM_FI_DEV_XID_ERRORS" not in render(snapshot, [Dcgm48("node-a")])
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 def test_exposition_passes_promtool_parsing(snapshot: Snapshot) -> None:
-    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    text = render(snapshot, [*default_collectors(), Dcgm48("node-a")])
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     # dcgm-exporter's names break Prometheus naming conventions on purpose (that is the point); only parse errors
     # would break scraping
@@ -164,7 +167,7 @@ def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
     from tests.support.daemon_process import DaemonProcess
     from tests.support.waiting import wait_until
 
-    with DaemonProcess(tmp_path, extra_config="[exporter]\ndcgm_compat = true\n") as d:
+    with DaemonProcess(tmp_path, extra_config='[exporter]\ndcgm_compat = true\ndcgm_compat_version = "4.8"\n') as d:
         assert d.xpuctl("simulate", "inject", "xid", "--gpu", "2", "code=48").returncode == 0
         assert d.xpuctl("simulate", "inject", "xid", "--gpu", "2", "code=79").returncode == 0
 
@@ -184,7 +187,7 @@ def test_daemon_reports_the_last_xid_in_dcgm_form(tmp_path: Path) -> None:
 
 
 def test_profiling_fields_for_every_card_and_mig_instance(snapshot: Snapshot) -> None:
-    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    text = render(snapshot, [*default_collectors(), Dcgm48("node-a")])
     for gpu in snapshot.gpus:
         g = str(gpu.index)
         assert one(text, "DCGM_FI_PROF_SM_ACTIVE", g) == one(text, "xpu_gpu_sm_active_ratio", g)
@@ -205,31 +208,32 @@ def test_profiling_fields_for_every_card_and_mig_instance(snapshot: Snapshot) ->
 
 
 def test_codec_utilization_and_nvlink_total(snapshot: Snapshot) -> None:
-    text = render(snapshot, [*default_collectors(), DcgmCompatCollector("node-a")])
+    text = render(snapshot, [*default_collectors(), Dcgm48("node-a")])
     assert one(text, "DCGM_FI_DEV_ENC_UTIL", "0") == one(text, "xpu_gpu_encoder_utilization_ratio", "0") * 100
     assert one(text, "DCGM_FI_DEV_DEC_UTIL", "0") == one(text, "xpu_gpu_decoder_utilization_ratio", "0") * 100
     tx = one(text, "xpu_gpu_nvlink_transmit_bytes_per_second", "1")
     rx = one(text, "xpu_gpu_nvlink_receive_bytes_per_second", "1")
     assert tx > 0
-    assert one(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "1") == pytest.approx((tx + rx) / 1e6)
+    # DCGM's own arithmetic: NVML's KiB per second over 1000, truncated (DcgmCacheManager ReadAndCacheNvLinkBandwidth)
+    assert one(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "1") == math.trunc((tx + rx) / 1024 / 1000)
     assert "DCGM_FI_DEV_VGPU_LICENSE_STATUS" not in text, "vGPU licensing does not exist on bare metal"
 
 
 def test_profiling_absent_before_the_first_interval(sim: SimulatedBackend, clock: FakeClock) -> None:
-    s = Sampler(sim, SamplerConfig(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
     first = s.run_once()
     s.stop()
-    names = {n for n, _, _ in series(render(first, [DcgmCompatCollector("node-a")]))}
+    names = {n for n, _, _ in series(render(first, [Dcgm48("node-a")]))}
     assert not names & {*PROFILING, "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
     assert "DCGM_FI_DEV_SM_CLOCK" in names
 
 
 def test_hostname_label_for_older_dcgm_exporter_releases(snapshot: Snapshot) -> None:
-    text = render(snapshot, [DcgmCompatCollector("node-a", hostname_label="Hostname")])
+    text = render(snapshot, [Dcgm48("node-a", hostname_label="Hostname")])
     for _, labels, _ in dcgm_series(text):
         assert labels["Hostname"] == "node-a" and "hostname" not in labels
     with pytest.raises(ValueError, match="hostname_label"):
-        DcgmCompatCollector("node-a", hostname_label="HOSTNAME")
+        Dcgm48("node-a", hostname_label="HOSTNAME")
 
 
 def _allocation(pod: str, container: str, gpu: int, uuid: str, gi: str = "", replica: str = "") -> Allocation:
@@ -249,7 +253,7 @@ def test_pod_labels_one_series_per_pod_on_a_shared_card(snapshot: Snapshot) -> N
     )
     attribution = Attribution(seq=snapshot.seq, processes=(), allocations=allocations, kubelet=None,
                               unmatched_device_ids=0)  # fmt: skip
-    text = render(snapshot, [DcgmCompatCollector("node-a", attribution=lambda: attribution)])
+    text = render(snapshot, [Dcgm48("node-a", attribution=lambda: attribution)])
     used = [(ls, v) for n, ls, v in series(text) if n == "DCGM_FI_DEV_FB_USED" and ls["gpu"] == "4"]
     assert sorted(ls["pod"] for ls, _ in used) == ["infer-a", "infer-b"], "one series per pod sharing the card"
     assert len({v for _, v in used}) == 1, "each pod's series carries the card's value"

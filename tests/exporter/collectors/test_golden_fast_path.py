@@ -13,7 +13,7 @@ from exporter.collectors import default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.encoding import encode_sections
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from healthd.daemon.metrics import last_xid_per_gpu
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
@@ -39,7 +39,7 @@ def test_the_served_render_is_the_golden_file(tmp_path: Path) -> None:
     clock = FakeClock(START)
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock)
     sampler = Sampler(
-        backend, SamplerConfig(interval_seconds=INTERVAL, call_deadline_seconds=2.0), clock=clock, monotonic=_no_elapsed
+        backend, SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=2.0), clock=clock, monotonic=_no_elapsed
     )
     journal = Journal(tmp_path / "faults.sqlite")
     engine = FaultEngine(journal, FaultsSettings(), boot_id="golden-boot", clock=clock)

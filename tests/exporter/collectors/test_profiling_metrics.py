@@ -18,12 +18,12 @@ from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.backends.types import DeviceProfiling, MigInstance
 from exporter.collectors import SnapshotExporter, default_collectors
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from tests.exporter.collectors.test_card_metrics import samples
 from tests.support.clock import FakeClock
 
-CONFIG = SamplerConfig(interval_seconds=5.0, call_deadline_seconds=2.0, pcie_throughput_interval_seconds=30.0)
+CONFIG = SamplerSettings(interval_seconds=5.0, call_deadline_seconds=2.0, pcie_throughput_interval_seconds=30.0)
 CARD_SERIES = (
     "xpu_gpu_graphics_engine_active_ratio",
     "xpu_gpu_sm_active_ratio",
@@ -180,7 +180,7 @@ def test_a_failing_profiling_call_degrades_only_profiling(clock: FakeClock) -> N
 
 
 def test_a_hung_profiling_call_is_a_timeout_of_that_call(sim: SimulatedBackend, clock: FakeClock) -> None:
-    fast = SamplerConfig(interval_seconds=0.2, call_deadline_seconds=0.15)
+    fast = SamplerSettings(interval_seconds=0.2, call_deadline_seconds=0.15)
     sampler = Sampler(sim, fast, clock=clock)
     try:
         sampler.run_once()

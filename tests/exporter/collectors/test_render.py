@@ -18,7 +18,7 @@ from exporter.attribution.kubelet import KubeletPodResources
 from exporter.attribution.podlogs import PodLogIndex
 from exporter.attribution.resolver import ProcResolver
 from exporter.backends.guarded import GuardedBackend
-from exporter.backends.lanes import DeadlineSettings, DeviceAccess
+from exporter.backends.lanes import DeviceAccess
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector, SnapshotExporter, default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
@@ -27,11 +27,11 @@ from exporter.collectors.process import ProcessCollector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.collectors.series import GAUGE, Exposer, Family, SeriesCollector
 from exporter.encoding import encode_sections
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from exporter.topology.collector import TopologyCollector
 from exporter.topology.layout import simulated_sysfs
-from exporter.topology.refresher import RefresherConfig, TopologyRefresher
+from exporter.topology.refresher import TopologyRefresher
 from healthd.sim.node import SimulatedNode
 from tests.support.clock import FakeClock
 
@@ -75,13 +75,13 @@ def busy(tmp_path: Path, clock: FakeClock) -> Iterator[Node]:
     backend = SimulatedBackend.from_name("h200x8-busy", clock=clock)
     node = SimulatedNode(backend, tmp_path / "node")
     node.kubelet.socket_path = tmp_path / "k.sock"
-    sampler = Sampler(backend, SamplerConfig(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    sampler = Sampler(backend, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
     kubelet = KubeletPodResources(node.kubelet.socket_path, refresh_interval=3600, clock=clock)
     attributor = Attributor(ProcResolver(node.proc_root), pod_index=PodLogIndex(node.log_root), kubelet=kubelet)
     sysfs = simulated_sysfs(backend.scenario.extra, [c.pci_bus_id for c in backend.scenario.cards], tmp_path / "s")
     assert sysfs is not None
-    guarded = GuardedBackend(DeviceAccess(backend, DeadlineSettings(read_seconds=2.0)))
-    refresher = TopologyRefresher(guarded, sampler.latest, RefresherConfig(sysfs_root=str(sysfs)), clock=clock)
+    guarded = GuardedBackend(DeviceAccess(backend, SamplerSettings(call_deadline_seconds=2.0)))
+    refresher = TopologyRefresher(guarded, sampler.latest, sysfs_root=sysfs, clock=clock)
     node.start()
     try:
         yield Node(backend, sampler, attributor, refresher, kubelet, node)

@@ -30,7 +30,7 @@ from exporter.collectors import Collector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.collectors.series import COUNTER, GAUGE, INFO, Exposer, Family, SeriesCollector
 from exporter.encoding import go_float
-from exporter.sampler import Sampler, SamplerConfig
+from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from tests.exporter.collectors.test_render import fast, reference
 
@@ -46,7 +46,7 @@ values = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
 @pytest.fixture(scope="module")
 def snapshot() -> Iterator[Snapshot]:
     sim = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(sim, SamplerConfig(interval_seconds=5, call_deadline_seconds=5))
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5))
     try:
         yield sampler.run_once()
     finally:

@@ -1,0 +1,139 @@
+"""The node as a container front end sees it, read from the daemon: cards (index, UUID, NUMA node, nearest RDMA
+NICs), each card's partition mode and free room, and the partitions that serve kubelet devices. Immutable; replaced
+whole on every refresh."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from container.core.daemon_client import DaemonClient
+from container.core.ownership import kubelet_device_of
+from healthd.api.v1 import partitions_pb2, topology_pb2
+
+log = structlog.get_logger("container.core.inventory")
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    name: str
+    netdevs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRoom:
+    name: str
+    memory_mib: int
+    sm_count: int
+    instance_count: int
+    placeable: int
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    index: int
+    uuid: str
+    numa_node: int | None
+    mode: int  # partitions_pb2.PartitionMode
+    hardware_mig: bool
+    memory_total_mib: int
+    compute_allocated: int
+    memory_allocated_mib: int
+    profiles: Mapping[str, ProfileRoom] = field(default_factory=dict)
+    nics: tuple[Nic, ...] = ()  # the RDMA NICs nearest to this card (ties included)
+
+    @property
+    def total_sm(self) -> int:
+        return max((p.sm_count for p in self.profiles.values()), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    cards: tuple[Card, ...] = ()
+    # (resource name, device id) -> the ready partition that serves that kubelet device
+    by_device: Mapping[tuple[str, str], partitions_pb2.Partition] = field(default_factory=dict)
+
+    def card(self, uuid: str) -> Card | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+
+def nearest_nics(topology: topology_pb2.GetTopologyResponse) -> dict[int, tuple[Nic, ...]]:
+    """Per GPU index: the NICs at the smallest link distance from it."""
+    nics = {n.name: Nic(n.name, tuple(n.netdevs)) for n in topology.nics}
+    best: dict[int, tuple[int, list[Nic]]] = {}
+    for link in topology.nic_links:
+        if not link.a.startswith("GPU") or link.b not in nics:
+            continue
+        gpu = int(link.a[3:])
+        distance, chosen = best.get(gpu, (link.distance + 1, []))
+        if link.distance < distance:
+            best[gpu] = (link.distance, [nics[link.b]])
+        elif link.distance == distance:
+            chosen.append(nics[link.b])
+    return {gpu: tuple(sorted(chosen, key=lambda n: n.name)) for gpu, (_, chosen) in best.items()}
+
+
+def build_view(
+    capacity: list[partitions_pb2.CardCapacity],
+    partitions: list[partitions_pb2.Partition],
+    topology: topology_pb2.GetTopologyResponse | None,
+) -> NodeView:
+    numa: dict[int, int | None] = {}
+    nics: dict[int, tuple[Nic, ...]] = {}
+    if topology is not None:
+        for g in topology.gpus:
+            numa[g.index] = g.location.numa_node if g.location.HasField("numa_node") else None
+        nics = nearest_nics(topology)
+    cards = tuple(
+        Card(
+            index=c.gpu,
+            uuid=c.gpu_uuid,
+            numa_node=numa.get(c.gpu),
+            mode=c.mode,
+            hardware_mig=c.hardware_mig_enabled,
+            memory_total_mib=c.memory_total_bytes // MIB,
+            compute_allocated=c.compute_percent_allocated,
+            memory_allocated_mib=c.memory_allocated_bytes // MIB,
+            profiles={
+                p.profile: ProfileRoom(p.profile, p.memory_bytes // MIB, p.sm_count, p.instance_count, p.placeable)
+                for p in c.mig_profiles
+            },
+            nics=nics.get(c.gpu, ()),
+        )
+        for c in sorted(capacity, key=lambda c: c.gpu)
+    )
+    by_device: dict[tuple[str, str], partitions_pb2.Partition] = {}
+    for p in partitions:
+        key = kubelet_device_of(p)
+        if key is not None and p.state == "ready":
+            by_device[key] = p
+    return NodeView(cards=cards, by_device=by_device)
+
+
+class Inventory:
+    def __init__(self, client: DaemonClient) -> None:
+        self._client = client
+        self.view = NodeView()
+        self.loaded = False
+
+    async def refresh(self) -> bool:
+        """Read capacity, partitions and topology; True when the view changed. Raises grpc errors when the daemon
+        cannot be reached (the previous view stays)."""
+        capacity = await self._client.capacity()
+        partitions = await self._client.partitions()
+        try:
+            topology: topology_pb2.GetTopologyResponse | None = await self._client.topology()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            topology = None  # not collected yet: no NUMA or NIC hints this time
+        view = build_view(capacity, partitions, topology)
+        changed = view != self.view
+        self.view = view
+        self.loaded = True
+        return changed

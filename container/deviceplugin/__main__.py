@@ -1,0 +1,3 @@
+from container.deviceplugin.main import main
+
+raise SystemExit(main())

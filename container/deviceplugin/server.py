@@ -1,0 +1,196 @@
+"""One kubelet DevicePlugin gRPC server per resource, on its own socket in the device-plugins directory, and the
+registration with kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+import structlog
+
+from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
+from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
+from container.deviceplugin.resources import AllocationError
+
+log = structlog.get_logger("container.deviceplugin.server")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+
+
+class Resource(Protocol):
+    name: str
+    pre_start_required: bool
+
+    def devices(self) -> list[kpb.Device]: ...
+
+    async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]: ...
+
+    async def allocate(self, ids: list[str]) -> kpb.ContainerAllocateResponse: ...
+
+    async def pre_start(self, ids: list[str]) -> None: ...
+
+
+class Changes:
+    """A generation counter the ListAndWatch streams wait on; ``bump`` (sync, on the loop) wakes them all."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def bump(self) -> None:
+        self.generation += 1
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def wait_beyond(self, generation: int) -> None:
+        while self.generation <= generation:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiters.discard(waiter)
+
+
+def plugin_options(resource: Resource) -> kpb.DevicePluginOptions:
+    """What the plugin tells kubelet it supports for ``resource``, at registration and when asked."""
+    return kpb.DevicePluginOptions(
+        pre_start_required=resource.pre_start_required, get_preferred_allocation_available=True
+    )
+
+
+class DevicePluginService(kpb_grpc.DevicePluginServicer):
+    def __init__(self, resource: Resource, changes: Changes) -> None:
+        self._r = resource
+        self._changes = changes
+
+    async def GetDevicePluginOptions(  # noqa: N802
+        self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.DevicePluginOptions]
+    ) -> kpb.DevicePluginOptions:
+        return plugin_options(self._r)
+
+    async def ListAndWatch(  # noqa: N802
+        self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.ListAndWatchResponse]
+    ) -> AsyncIterator[kpb.ListAndWatchResponse]:
+        last: list[kpb.Device] | None = None
+        while True:
+            generation = self._changes.generation
+            devices = self._r.devices()
+            if devices != last:
+                healthy = sum(1 for d in devices if d.health == "Healthy")
+                log.info("device list sent", resource=self._r.name, devices=len(devices), healthy=healthy)
+                yield kpb.ListAndWatchResponse(devices=devices)
+                last = devices
+            await self._changes.wait_beyond(generation)
+
+    async def GetPreferredAllocation(  # noqa: N802
+        self,
+        request: kpb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[kpb.PreferredAllocationRequest, kpb.PreferredAllocationResponse],
+    ) -> kpb.PreferredAllocationResponse:
+        responses = []
+        for req in request.container_requests:
+            ids = await self._r.preferred(
+                list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
+            )
+            responses.append(kpb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return kpb.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(  # noqa: N802
+        self, request: kpb.AllocateRequest, context: grpc.aio.ServicerContext[kpb.AllocateRequest, kpb.AllocateResponse]
+    ) -> kpb.AllocateResponse:
+        responses = []
+        for req in request.container_requests:
+            try:
+                responses.append(await self._r.allocate(list(req.devices_ids)))
+            except AllocationError as exc:
+                log.warning("allocate refused", resource=self._r.name, devices=list(req.devices_ids), error=exc.message)
+                await context.abort(exc.code, exc.message)
+        return kpb.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(  # noqa: N802
+        self,
+        request: kpb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[kpb.PreStartContainerRequest, kpb.PreStartContainerResponse],
+    ) -> kpb.PreStartContainerResponse:
+        try:
+            await self._r.pre_start(list(request.devices_ids))
+        except AllocationError as exc:
+            await context.abort(exc.code, exc.message)
+        return kpb.PreStartContainerResponse()
+
+
+def socket_name(resource_name: str) -> str:
+    return "xpu-" + resource_name.replace("/", "_") + ".sock"
+
+
+def inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class ResourceServer:
+    """Serves one resource; restarted (new socket) when its socket file disappears, e.g. kubelet cleaned the dir."""
+
+    def __init__(self, resource: Resource, changes: Changes, kubelet_dir: Path) -> None:
+        self.resource = resource
+        self._changes = changes
+        self.kubelet_dir = kubelet_dir
+        self.socket = kubelet_dir / socket_name(resource.name)
+        self._server: grpc.aio.Server | None = None
+        self._inode: tuple[int, int] | None = None
+        self.registered_with: tuple[int, int] | None = None  # the kubelet socket's inode at registration
+
+    @property
+    def healthy(self) -> bool:
+        return self._server is not None and self._inode is not None and inode(self.socket) == self._inode
+
+    async def start(self) -> None:
+        await self.stop()
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        kpb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.resource, self._changes), server)
+        server.add_insecure_port(f"unix:{self.socket}")
+        await server.start()
+        self._server = server
+        self._inode = inode(self.socket)
+        self.registered_with = None
+        log.info("serving", resource=self.resource.name, socket=str(self.socket))
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        await self._server.stop(0.5)
+        self._server = None
+        if self._inode is not None and inode(self.socket) == self._inode:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket.unlink()  # ours, not a newer one
+        self._inode = None
+
+    async def register(self, kubelet_inode: tuple[int, int]) -> None:
+        """Register with the kubelet behind ``kubelet.sock``; raises grpc errors (retried by the caller)."""
+        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_dir / KUBELET_SOCKET}") as channel:
+            stub = kpb_grpc.RegistrationStub(channel)
+            await stub.Register(
+                kpb.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.socket.name,
+                    resource_name=self.resource.name,
+                    options=plugin_options(self.resource),
+                ),
+                timeout=10,
+            )
+        self.registered_with = kubelet_inode
+        log.info("registered with kubelet", resource=self.resource.name, endpoint=self.socket.name)

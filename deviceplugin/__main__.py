@@ -1,3 +1,0 @@
-from deviceplugin.main import main
-
-raise SystemExit(main())

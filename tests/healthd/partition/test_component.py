@@ -1,0 +1,54 @@
+"""The daemon brings the partition service up: admin socket 0600, reads on the main socket, metrics, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+import grpc
+
+from healthd.api.v1 import partitions_pb2 as pb
+from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
+from healthd.daemon.config import Config, with_overrides
+from healthd.daemon.daemon import Daemon
+
+
+def test_daemon_serves_partitions(tmp_path: Path) -> None:
+    config = with_overrides(
+        Config(),
+        simulate="h200x8",
+        metrics_listen="127.0.0.1:0",
+        grpc_listen=(f"unix:{tmp_path}/h.sock",),
+        state_dir=tmp_path / "state",
+    )
+
+    async def go() -> None:
+        daemon = Daemon(config, allow_fallback=True)
+        await daemon.start()
+        try:
+            admin = tmp_path / "healthd-admin.sock"
+            assert admin.stat().st_mode & 0o777 == 0o600
+            async with grpc.aio.insecure_channel(f"unix:{admin}") as ch:
+                stub = pb_grpc.PartitionsStub(ch)  # type: ignore[no-untyped-call]
+                await stub.SetCardMode(pb.SetCardModeRequest(gpu="3", mode=pb.PARTITION_MODE_TDM))
+                p = await stub.CreatePartition(
+                    pb.CreatePartitionRequest(owner=pb.Owner(lease=pb.LeaseOwner(holder="t")), gpu="3", memory="1GiB")
+                )
+            async with grpc.aio.insecure_channel(f"unix:{tmp_path}/h.sock") as ch:
+                stub = pb_grpc.PartitionsStub(ch)  # type: ignore[no-untyped-call]
+                listed = await stub.ListPartitions(pb.ListPartitionsRequest())
+                assert [q.id for q in listed.partitions] == [p.id]
+            port = daemon.metrics.http.port
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            )
+            assert f'partition_id="{p.id}"' in text
+            assert 'xpu_gpu_partition_mode{gpu="3",mode="tdm"' in text
+            assert (tmp_path / "state" / "cdi" / "xpu-runtime-kit.io-gpu.json").exists()  # simulated: not /var/run/cdi
+            assert (tmp_path / "mps" / p.id / "pipe").is_dir()
+        finally:
+            await daemon.stop()
+        assert not admin.exists()
+
+    asyncio.run(go())
