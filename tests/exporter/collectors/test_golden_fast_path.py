@@ -39,7 +39,10 @@ def test_the_served_render_is_the_golden_file(tmp_path: Path) -> None:
     clock = FakeClock(START)
     backend = SimulatedBackend(load_scenario("h200x1"), clock=clock)
     sampler = Sampler(
-        backend, SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=2.0), clock=clock, monotonic=_no_elapsed
+        backend,
+        SamplerSettings(interval_seconds=INTERVAL, call_deadline_seconds=2.0),
+        clock=clock,
+        monotonic=_no_elapsed,
     )
     journal = Journal(tmp_path / "faults.sqlite")
     engine = FaultEngine(journal, FaultsSettings(), boot_id="golden-boot", clock=clock)
