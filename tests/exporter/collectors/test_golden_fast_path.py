@@ -11,10 +11,11 @@ from exporter.backends.scenario import load_scenario
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import default_collectors
 from exporter.collectors.dcgm_compat import DcgmCompatCollector
+from exporter.collectors.dcgm_fields import VERSIONS
 from exporter.collectors.render import SnapshotRenderer
 from exporter.encoding import encode_sections
 from exporter.sampler import Sampler, SamplerSettings
-from healthd.daemon.metrics import last_xid_per_gpu
+from healthd.daemon.cards import last_xid_per_gpu
 from healthd.faults.engine import FaultEngine
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
@@ -27,6 +28,7 @@ from tests.support.clock import FakeClock
 from tests.support.paths import TESTS
 
 GOLDEN = TESTS / "golden" / "h200x1.prom"
+DCGM_GOLDEN = {version: TESTS / "golden" / f"h200x1-dcgm-{version}.prom" for version in VERSIONS}
 START = 1_800_000_000.0  # the golden test's clock, interval and constant self-timing
 INTERVAL = 5.0
 
@@ -59,15 +61,17 @@ def test_the_served_render_is_the_golden_file(tmp_path: Path) -> None:
         clock.advance(INTERVAL)
         snapshot = sampler.run_once()
         runner.on_snapshot(snapshot)
-        collectors = [
-            *default_collectors(),
-            DcgmCompatCollector("golden-node", last_xid_per_gpu(engine)),
-            FaultMetricsCollector(engine),
-        ]
-        renderer = SnapshotRenderer(collectors, clock=clock, monotonic=_no_elapsed)
+        renderer = SnapshotRenderer(
+            [*default_collectors(), FaultMetricsCollector(engine)], clock=clock, monotonic=_no_elapsed
+        )
         golden = GOLDEN.read_bytes()
         assert encode_sections(renderer.render(snapshot).sections, openmetrics=False) == golden
         assert encode_sections(renderer.render(snapshot).sections, openmetrics=False) == golden, "from kept blocks"
+        for version in VERSIONS:  # dcgm-exporter's names go through the compatibility path, also byte for byte
+            dcgm = DcgmCompatCollector("golden-node", lambda: last_xid_per_gpu(engine.active_faults()), version=version)
+            compat = SnapshotRenderer([dcgm], clock=clock, monotonic=_no_elapsed)
+            expected = DCGM_GOLDEN[version].read_bytes()
+            assert encode_sections(compat.render(snapshot).sections, openmetrics=False) == expected, version
     finally:
         backend.clear()
         sampler.stop(timeout=1.0)
