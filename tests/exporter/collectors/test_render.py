@@ -114,7 +114,8 @@ def test_the_daemons_collectors_write_prometheus_clients_bytes_cycle_after_cycle
         previous = snapshot
         text, om = fast(renderer, snapshot)
         assert (text, om) == reference(snapshot, collectors, clock.now), f"cycle {cycle}"
-        assert b"xpu_pod_gpu_processes{" in text and b"DCGM_FI_DEV_GPU_TEMP{" in text
+        assert b"xpu_pod_gpu_processes{" in text, f"cycle {cycle}"
+        assert b"DCGM_FI_DEV_GPU_TEMP_CELSIUS{" in text, f"cycle {cycle}"  # dcgm-exporter 4.10 names, the default
     assert b"xpu_topology_gpu_nvlinks{" in text
 
 
