@@ -67,6 +67,7 @@ class DaemonRun:
     scenario: str | None = None  # --simulate this (a built-in name or a file) instead of a generated scaled node
     config: str = ""  # more of the config file (TOML sections other than [sampler]); written when not empty
     umask: int | None = None  # the daemon's umask (the packaged unit's is 0o027); None: inherited
+    repo: Path = REPO  # the tree the daemon runs from (another checkout: a baseline to compare with)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     cpu_ready: float = 0.0
@@ -106,7 +107,7 @@ class DaemonRun:
             "--state-dir",
             str(self.root / "state"),
         ]
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "PYTHONPATH": str(self.repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 args,

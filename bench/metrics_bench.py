@@ -1,8 +1,9 @@
 """/metrics cost as the node grows: the render per Snapshot, HTTP scrape latency p50/p99, series and body size.
 
-The registry is built as the daemon builds it (``SnapshotExporter`` over ``default_collectors()``, served through
-an ``ExpositionCache``), on a generated node. "Render per Snapshot" is what the daemon does once per sampling cycle
-for a Prometheus scraper: collect, encode OpenMetrics (exporter/encoding.py) and gzip, on a new Snapshot each time.
+/metrics is built as the daemon builds it (``SnapshotRenderer`` over ``default_collectors()``, served through an
+``ExpositionCache``), on a generated node. "Render per Snapshot" is what the daemon does once per sampling cycle
+for a Prometheus scraper: the collectors write their series (exporter/collectors/render.py), OpenMetrics is encoded
+(exporter/encoding.py) and gzipped, on a new Snapshot each time.
 Scrapes go over one kept-alive HTTP/1.1 connection with the headers Prometheus sends (OpenMetrics first, gzip), as a
 Prometheus server would, between Snapshots: they are served the rendered bytes. The process count reaches /metrics
 only through the collectors that export per-process series; in a tree without them the curve over processes is flat.
@@ -13,12 +14,11 @@ from __future__ import annotations
 import http.client
 import time
 
-from prometheus_client.registry import CollectorRegistry
-
 from bench.common import BenchArgs, Row, median, percentile
 from bench.scenarios import scaled
 from exporter.backends.simulated import SimulatedBackend
-from exporter.collectors import Collector, SnapshotExporter, default_collectors
+from exporter.collectors import Collector, default_collectors
+from exporter.collectors.render import SnapshotRenderer
 from exporter.exposition import ExpositionCache
 from exporter.http import Health, MetricsHTTPServer
 from exporter.sampler import Sampler, SamplerSettings
@@ -69,9 +69,7 @@ def measure(gpus: int, processes_per_gpu: int, scrapes: int) -> list[Row]:
     server: MetricsHTTPServer | None = None
     try:
         sampler.run_once()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotExporter(sampler.latest, collectors()))
-        cache = ExpositionCache(registry, max_age=3600.0)  # every publish renders what was asked for
+        cache = ExpositionCache(SnapshotRenderer(collectors()), max_age=3600.0)  # every publish renders what was asked
         cache.payload(PROMETHEUS_ACCEPT, "gzip")  # Prometheus' format is now asked for
         render: list[float] = []
         for i in range(WARMUP + scrapes):

@@ -1,20 +1,28 @@
 """/metrics made once per sampling cycle, so a scrape serves bytes instead of running every collector and encoder.
 
-``publish`` (a sampler subscriber) collects the registry for the new Snapshot and encodes the formats that scrapers
-will ask for before the next Snapshot: each format asked for is tracked with the time of its last request and the
-time between requests, so with Prometheus scraping every 15 s and a 5 s sampling interval one Snapshot in three is
-rendered, right before the scrape that reads it. Each body is encoded, and gzip-compressed when it was asked for
-with gzip, at most once per Snapshot. A request nothing predicted (a format asked for the first time, a scraper
-off its rhythm, ``name[]`` selections) is rendered on its own thread, then kept until the next Snapshot. While no one
-scrapes, nothing is rendered.
+``publish(snapshot)`` (a sampler subscriber) renders the Snapshot it is handed (the body is a function of that
+Snapshot and of the collectors' own state, never of what the sampler holds by the time it runs) and encodes the
+formats scrapers will ask for before the next Snapshot. Each scraper (a client host asking for one format) is
+tracked with the time of its last request and the time between its requests. Until its rhythm is learned (a new
+scraper, a restarted one, one that missed its expected request, a request the rhythm did not foresee) its format
+is rendered at every publish while it asks at all; once its rhythm has foreseen ``SETTLE_REQUESTS`` requests in a
+row, only the Snapshot before each request it is expected to make is: with Prometheus every 15 s and a 5 s
+interval, one Snapshot in three (and one in three per replica of an HA pair). ``expect`` names formats treated as
+asked for at start (the daemon gives Prometheus' own), so the first scrape of a freshly started daemon is served
+too. Each body is encoded, and gzip-compressed when asked for with gzip, at most once per render.
 
-Text 0.0.4 and OpenMetrics 1.0.0 go through exporter/encoding.py (prometheus_client's bytes, faster); any other
-format the Accept header asks for through prometheus_client's own encoder.
+A request its rhythm did not foresee, finding no body of its format for the latest Snapshot (a scraper arriving
+at a new phase: an HA replica joining, a restarted Prometheus), gets the latest body made in that format when it
+is no older than ``max_age`` plus one period and the sampler is publishing: its values are then one rhythm old,
+once. Otherwise, and for ``name[]`` selections, the body is made on the request's thread from the latest render,
+or rendered there when there is none (a format no one asked for in the last ``HOT_SECONDS``). While a publish
+renders, scrapes are served the render before. While no one scrapes, nothing is rendered.
 
-Values are those of the last render: collectors whose data changes between Snapshots (faults, partitions,
-attribution) lag by at most one sampling interval. When no Snapshot came for ``max_age`` (the sampler is late or
-stopped), a scrape renders again on its own thread, so ``xpu_sample_age_seconds`` keeps growing and the stale-sampler
-alert still fires.
+Text 0.0.4 and OpenMetrics 1.0.0 are written by exporter/encoding.py from the render's sections (prometheus_client's
+bytes); any other format the Accept header asks for by prometheus_client's own encoder.
+
+When no Snapshot came for ``max_age`` (the sampler is late or stopped), a scrape renders the last Snapshot again on
+its own thread, so ``xpu_sample_age_seconds`` keeps growing and the stale-sampler alert still fires.
 """
 
 from __future__ import annotations
@@ -24,19 +32,31 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from exporter.encoding import CachingEncoder, Collectable, Replay
+from exporter.encoding import Collectable, MetricLines, Rendered, Replay, encode_sections, select_sections
+from exporter.snapshot import Snapshot
 
-HOT_SECONDS = 120.0  # a format not asked for in this long (and in 3 of its periods) is forgotten
-MAX_FORMATS = 8  # distinct content types kept per Snapshot; beyond that (odd Accept headers) encoded per scrape
+HOT_SECONDS = 120.0  # a scraper not heard from in this long (and in 3 of its periods) is forgotten
+MAX_SCRAPERS = 16  # (client host, format) pairs whose rhythm is kept; beyond that encoded per scrape
 GZIP_LEVEL = 5
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
+SETTLE_REQUESTS = 2  # requests in a row the rhythm foresaw before publish renders only for expected requests
+OPENMETRICS = choose_encoder("application/openmetrics-text;version=1.0.0")[1]
+PROMETHEUS_FORMATS = ((OPENMETRICS, True),)  # what Prometheus, its agents and the OTel receiver ask for first
 
-Encoder = Callable[["_Families"], bytes]
+Encoder = Callable[[Rendered], bytes]
+Format = tuple[str, bool]  # (content type, gzip)
+ScraperKey = tuple[str, str, bool]  # (client host, content type, gzip); host "" for a format expected at start
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    def render(self, snapshot: Snapshot | None) -> Rendered: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,168 +80,253 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
-class _Families(Replay):
-    """What the encoders read: one render's families, or a ``name[]`` selection of them."""
+def _compress(body: bytes) -> bytes:
+    return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
 
-    def restricted(self, names: set[str]) -> _Families:
-        """Only the samples whose name is in ``names`` (``name[]``: ``xpu_gpu_up``, ``xpu_gpu_energy_joules_total``,
-        ``xpu_gpu_info``), as prometheus_client's restricted registry selects them."""
-        kept = []
-        for family in self.families:
-            samples = [s for s in family.samples if s.name in names]
-            if samples:
-                m = Metric(family.name, family.documentation, family.type, family.unit)
-                m.samples = samples
-                kept.append(m)
-        return _Families(kept)
+
+class RegistryRenderer:
+    """A prometheus_client registry (or any Collectable) as a Renderer: collected at every render, whatever the
+    Snapshot; its lines kept between renders."""
+
+    def __init__(self, registry: Collectable) -> None:
+        self._registry = registry
+        self._lines = MetricLines()
+
+    def render(self, snapshot: Snapshot | None) -> Rendered:
+        families = list(self._registry.collect())
+        return Rendered(self._lines.sections(families), lambda: families)
 
 
 class _Exposition:
-    """One render: the collected families and the bodies made from them, each made once."""
+    """One render: its sections and the bodies made from them, each made once."""
 
-    def __init__(self, families: _Families, made_at: float) -> None:
-        self.families = families
+    def __init__(self, rendered: Rendered, made_at: float, expected: frozenset[ScraperKey] = frozenset()) -> None:
+        self.rendered = rendered
         self.made_at = made_at
-        self._bodies: dict[tuple[str, bool], bytes] = {}
+        self.expected = expected  # scrapers whose rhythm expected them to read this render
+        self._bodies: dict[Format, bytes] = {}
         self._lock = threading.Lock()
 
-    def body(self, encoder: Encoder, content_type: str, compress: bool) -> bytes:
-        key = (content_type, compress)
+    def body(self, encoder: Encoder, key: Format) -> bytes:
+        content_type, compress = key
         with self._lock:  # concurrent scrapes of a body not made yet wait for the first to make it
             body = self._bodies.get(key)
             if body is None:
                 plain = self._bodies.get((content_type, False))
                 if plain is None:
-                    plain = encoder(self.families)
+                    plain = encoder(self.rendered)
                     self._bodies[(content_type, False)] = plain
-                body = gzip.compress(plain, compresslevel=GZIP_LEVEL, mtime=0) if compress else plain
+                body = _compress(plain) if compress else plain
                 self._bodies[key] = body
             return body
 
-    def has(self, content_type: str, compress: bool) -> bool:
+    def has(self, key: Format) -> bool:
         with self._lock:
-            return (content_type, compress) in self._bodies
+            return key in self._bodies
 
 
 @dataclass
-class _Asked:
-    """One format scrapers ask for: when they last did, and how often they do."""
+class _Scraper:
+    """One scraper (a client host) asking for one format: when it last did, how often it does, and whether that
+    rhythm is learned."""
 
+    format: Format
     encoder: Encoder
     last: float  # monotonic time of the last request
     period: float | None = None  # smoothed time between requests; None until the second one
+    foreseen: int = 0  # requests in a row served a render the rhythm expected them to read
 
     def seen(self, now: float) -> None:
         gap = now - self.last
-        if gap >= BURST_GAP:
+        if self.overdue(now):  # back after missing requests (a restart): a new rhythm, not one long gap in the old
+            self.period = None
+        elif gap >= BURST_GAP:
             self.period = gap if self.period is None else self.period + PERIOD_SMOOTHING * (gap - self.period)
         self.last = now
+
+    @property
+    def settled(self) -> bool:
+        return self.foreseen >= SETTLE_REQUESTS
 
     def expected(self, now: float, horizon: float) -> bool:
         """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot.
 
         No allowance for a request that comes early: with the scraper a little after a Snapshot (its usual phase
-        repeats, both run on fixed rhythms), an allowance would render the Snapshot before as well, every time; a
-        request that does come early is rendered on its own thread. A request overdue by more than a period (at
-        least a second) is no longer expected: the scraper stopped, or was a burst (a person polling)."""
+        repeats, both run on fixed rhythms), an allowance would render the Snapshot before as well, every time. A
+        request overdue by more than a period (at least a second) is no longer expected: the scraper stopped, or
+        was a burst (a person polling)."""
         if self.period is None:
             return False  # one request so far: no rhythm yet
-        due = self.last + self.period
-        return due < horizon and now <= due + max(1.0, self.period)
+        return self.last + self.period < horizon and not self.overdue(now)
+
+    def overdue(self, now: float) -> bool:
+        """The request expected last is late by more than a period (at least a second)."""
+        return self.period is not None and now > self.last + self.period + max(1.0, self.period)
 
     def forgotten(self, now: float) -> bool:
         return now - self.last > max(HOT_SECONDS, 3 * (self.period or 0.0))
 
 
-def fast_encoders() -> dict[str, Encoder]:
-    """Content type -> this module's encoder, for the formats exporter/encoding.py writes exactly as prometheus_client
-    does (text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 with the default underscores escaping)."""
-    text_fallback, text_type = choose_encoder("")
-    om_fallback, om_type = choose_encoder("application/openmetrics-text;version=1.0.0")
-    text = CachingEncoder(openmetrics=False, fallback=text_fallback)
-    om = CachingEncoder(openmetrics=True, fallback=om_fallback)
+def fast_formats() -> dict[str, bool]:
+    """Content type -> OpenMetrics (or text), for the formats exporter/encoding.py writes exactly as
+    prometheus_client does (text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 with the default underscores escaping)."""
     return {
-        text_type: text,
-        choose_encoder("text/plain;version=1.0.0")[1]: text,
-        om_type: om,
-        choose_encoder("application/openmetrics-text")[1]: om,
+        choose_encoder("")[1]: False,
+        choose_encoder("text/plain;version=1.0.0")[1]: False,
+        OPENMETRICS: True,
+        choose_encoder("application/openmetrics-text")[1]: True,
     }
 
 
-class ExpositionCache:
-    """Renders a registry once per Snapshot and answers scrapes from the result.
+def _fast_encoder(openmetrics: bool) -> Encoder:
+    def encode(rendered: Rendered) -> bytes:
+        return encode_sections(rendered.sections, openmetrics=openmetrics)
 
-    ``interval``: seconds between Snapshots; ``publish`` renders a format when a request for it is expected within
-    that long (None: at every publish, for every format asked for recently). ``max_age``: a render older than this is
-    redone by the next scrape (0: every scrape renders, for a registry nothing publishes); give it about two
-    sampling intervals.
+    return encode
+
+
+def _prometheus_client_encoder(chosen: Callable[[Collectable], bytes]) -> Encoder:
+    def encode(rendered: Rendered) -> bytes:
+        return chosen(Replay(rendered.families()))
+
+    return encode
+
+
+def restricted(families: Sequence[Metric], names: set[str]) -> list[Metric]:
+    """Only the samples whose name is in ``names`` (``name[]``: ``xpu_gpu_up``, ``xpu_gpu_energy_joules_total``,
+    ``xpu_gpu_info``), as prometheus_client's restricted registry selects them; families left empty are dropped."""
+    kept = []
+    for family in families:
+        samples = [s for s in family.samples if s.name in names]
+        if samples:
+            m = Metric(family.name, family.documentation, family.type, family.unit)
+            m.samples = samples
+            kept.append(m)
+    return kept
+
+
+class ExpositionCache:
+    """Renders each published Snapshot for the formats scrapers ask for, and answers scrapes from the result.
+
+    ``source``: a Renderer (the daemon's collectors) or a registry, collected at every render. ``interval``:
+    seconds between Snapshots; a learned format is rendered at a publish when its next request is expected within
+    that long (None: at every publish, for every format asked for recently). ``max_age``: a render older than this
+    is redone by the next scrape (0: every scrape renders, for a registry nothing publishes); give it about two
+    sampling intervals. ``expect``: formats treated as asked for at start.
     """
 
     def __init__(
         self,
-        registry: Collectable,
+        source: Renderer | Collectable,
         *,
         max_age: float,
         interval: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        expect: Sequence[Format] = (),
     ) -> None:
-        self._registry = registry
+        self._renderer = source if isinstance(source, Renderer) else RegistryRenderer(source)
         self._max_age = max_age
         self._interval = interval
         self._monotonic = monotonic
-        self._fast = fast_encoders()
+        self._fast = {ct: _fast_encoder(om) for ct, om in fast_formats().items()}
+        self._openmetrics = {ct for ct, om in fast_formats().items() if om}
+        if unknown := [ct for ct, _ in expect if ct not in self._fast]:
+            raise ValueError(f"expect: not a text or OpenMetrics 1.0 content type: {unknown}")
         self._lock = threading.Lock()  # guards the fields below
+        self._snapshot: Snapshot | None = None  # the latest published
+        self._published_at = float("-inf")
         self._current: _Exposition | None = None
         self._outdated = True  # a Snapshot came that _current does not show
-        self._asked: dict[tuple[str, bool], _Asked] = {}
-        self._render_lock = threading.Lock()  # one collect() at a time
+        self._latest: dict[Format, tuple[bytes, float]] = {}  # the latest body made in each format, and when
+        started = monotonic()
+        self._scrapers: dict[ScraperKey, _Scraper] = {
+            ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
+        }
+        self._render_lock = threading.Lock()  # one render at a time
+        self.renders = {"publish": 0, "request": 0}  # how often each side rendered (benchmarks, tests)
 
     # ----- the sampler side --------------------------------------------------------------------------------
 
-    def publish(self, snapshot: object | None = None) -> None:
-        """A new Snapshot (a sampler subscriber: the collectors read the latest one themselves): render the formats
-        a request is expected for before the next one. Takes a few ms to tens of ms, on the caller's thread."""
+    def publish(self, snapshot: Snapshot | None = None) -> None:
+        """A new Snapshot (a sampler subscriber): render it for the formats whose rhythm is not learned yet and
+        those a request is expected for before the next one. Takes a few ms to tens of ms, on the caller's thread.
+        Without a Snapshot (a registry source), the registry is what changed."""
         now = self._monotonic()
         horizon = now + self._interval if self._interval is not None else None
         with self._lock:
-            for key in [k for k, a in self._asked.items() if a.forgotten(now)]:
-                del self._asked[key]
-            hot = {key: a.encoder for key, a in self._asked.items() if horizon is None or a.expected(now, horizon)}
-            self._outdated = True
-        if not hot:
-            return  # no request expected before the next Snapshot: a request that comes anyway renders
+            if snapshot is not None:
+                self._snapshot = snapshot
+            self._published_at = now
+            for key in [k for k, a in self._scrapers.items() if a.forgotten(now)]:
+                del self._scrapers[key]
+            for scraper in self._scrapers.values():
+                if scraper.overdue(now):  # it missed a request (restarting?): learn its rhythm again
+                    scraper.foreseen = 0
+            expected = {k for k, a in self._scrapers.items() if horizon is None or a.expected(now, horizon)}
+            wanted = {a.format: a.encoder for k, a in self._scrapers.items() if k in expected or not a.settled}
+            if not wanted:  # no request expected before the next Snapshot: one that comes anyway, see payload
+                self._outdated = True
+                return
+        # while this renders, scrapes are served the render before (the last one serves, see _fresh)
         with self._render_lock:
-            exposition = self._render()
-            for (content_type, compress), encoder in hot.items():
-                exposition.body(encoder, content_type, compress)
+            exposition = self._render(frozenset(expected), "publish")
+            bodies = {key: exposition.body(encoder, key) for key, encoder in wanted.items()}
             with self._lock:
                 self._current, self._outdated = exposition, False
+                self._latest.update({key: (body, exposition.made_at) for key, body in bodies.items()})
 
     # ----- the scrape side ---------------------------------------------------------------------------------
 
-    def payload(self, accept: str, accept_encoding: str = "", names: Sequence[str] | None = None) -> Payload:
+    def payload(
+        self, accept: str, accept_encoding: str = "", names: Sequence[str] | None = None, client: str = "?"
+    ) -> Payload:
         """The body for one scrape: ``accept``/``accept_encoding`` are the request's headers, ``names`` its
-        ``name[]`` parameters."""
+        ``name[]`` parameters, ``client`` the scraper's host (its rhythm is learned apart from other scrapers')."""
         chosen, content_type = choose_encoder(accept)
-        encoder: Encoder = self._fast.get(content_type, chosen)
         compress = accepts_gzip(accept_encoding)
         encoding = "gzip" if compress else None
-        exposition = self._fresh()
-        if names:  # rare: prometheus_client's encoder, leaving the fast encoders' line caches to the full renders
-            body = chosen(exposition.families.restricted(set(names)))
-            return Payload(content_type, gzip.compress(body, GZIP_LEVEL, mtime=0) if compress else body, encoding)
-        key = (content_type, compress)
+        if names:  # rare: made from the latest render, never kept
+            rendered = self._fresh().rendered
+            if content_type in self._fast:
+                om = content_type in self._openmetrics
+                body = encode_sections(select_sections(rendered.sections, set(names)), openmetrics=om)
+            else:
+                body = chosen(Replay(restricted(rendered.families(), set(names))))
+            return Payload(content_type, _compress(body) if compress else body, encoding)
+        fmt: Format = (content_type, compress)
+        key: ScraperKey = (client, content_type, compress)
+        encoder = self._fast.get(content_type) or _prometheus_client_encoder(chosen)
+        now = self._monotonic()
         with self._lock:
-            asked = self._asked.get(key)
-            keep = asked is not None or len(self._asked) < MAX_FORMATS
-            if asked is not None:
-                asked.seen(self._monotonic())
-            elif keep:
-                self._asked[key] = _Asked(encoder, self._monotonic())
-        if not keep and not exposition.has(content_type, compress):
-            body = encoder(exposition.families)
-            return Payload(content_type, gzip.compress(body, GZIP_LEVEL, mtime=0) if compress else body, encoding)
-        return Payload(content_type, exposition.body(encoder, content_type, compress), encoding)
+            self._scrapers.pop(("", content_type, compress), None)  # the scraper expected at start is here
+            scraper = self._scrapers.get(key)
+            if scraper is None and len(self._scrapers) < MAX_SCRAPERS:
+                scraper = self._scrapers[key] = _Scraper(fmt, encoder, now)
+            elif scraper is not None:
+                scraper.seen(now)
+            current, outdated = self._current, self._outdated
+            if current is not None and not outdated and now - current.made_at <= self._max_age and current.has(fmt):
+                if scraper is not None:  # served what publish made: did the rhythm foresee this request?
+                    scraper.foreseen = scraper.foreseen + 1 if key in current.expected else 0
+                return Payload(content_type, current.body(encoder, fmt), encoding)
+            if scraper is not None:
+                scraper.foreseen = 0  # not foreseen: publish renders this format every time until it is
+                latest = self._latest.get(fmt)
+                if (current is None or outdated) and latest is not None and self._recent(fmt, latest[1], now):
+                    return Payload(content_type, latest[0], encoding)
+        exposition = self._fresh()
+        body = exposition.body(encoder, fmt)
+        with self._lock:
+            if scraper is not None:
+                self._latest[fmt] = (body, exposition.made_at)
+        return Payload(content_type, body, encoding)
+
+    def _recent(self, fmt: Format, made_at: float, now: float) -> bool:
+        """Whether a request no rhythm foresaw may have its format's latest body, made at ``made_at`` (called under
+        the lock): the sampler is publishing, and that body is no older than max_age plus the longest period of
+        the format's scrapers (the body a settled scraper reads is about that old when the next one is made)."""
+        period = max((a.period or 0.0 for a in self._scrapers.values() if a.format == fmt), default=0.0)
+        return now - made_at <= self._max_age + period and now - self._published_at <= self._max_age
 
     def _fresh(self) -> _Exposition:
         """The render to serve; renders on this thread when there is none, it is outdated (no one was scraping
@@ -238,13 +343,17 @@ class ExpositionCache:
             with self._lock:  # another scrape may have rendered while this one waited
                 if self._current is not None and self._current is not current and not self._outdated:
                     return self._current
-            exposition = self._render()
+            exposition = self._render(frozenset(), "request")
             with self._lock:
                 self._current, self._outdated = exposition, False
             return exposition
         finally:
             self._render_lock.release()
 
-    def _render(self) -> _Exposition:
+    def _render(self, expected: frozenset[ScraperKey], side: str) -> _Exposition:
+        """Called with the render lock held."""
+        with self._lock:
+            snapshot = self._snapshot
         made_at = self._monotonic()
-        return _Exposition(_Families(list(self._registry.collect())), made_at)
+        self.renders[side] += 1
+        return _Exposition(self._renderer.render(snapshot), made_at, expected)

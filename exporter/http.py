@@ -98,7 +98,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _metrics(self, query: dict[str, list[str]]) -> None:
         payload = self.server.exposition.payload(
-            self.headers.get("Accept", ""), self.headers.get("Accept-Encoding", ""), query.get("name[]")
+            self.headers.get("Accept", ""),
+            self.headers.get("Accept-Encoding", ""),
+            query.get("name[]"),
+            client=str(self.client_address[0]),
         )
         self._send(HTTPStatus.OK, payload.content_type, payload.body, encoding=payload.encoding)
 

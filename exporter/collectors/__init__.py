@@ -1,4 +1,5 @@
-"""Snapshot -> metric families. The registry below is the one list of collectors; adding one is one line."""
+"""Snapshot -> series (exporter/collectors/series.py). The list below is the one list of the exporter's own
+collectors; adding one is one line."""
 
 from __future__ import annotations
 

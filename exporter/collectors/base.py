@@ -1,8 +1,10 @@
 """Collector protocol and the adapter that serves collectors to prometheus_client.
 
-Collectors are plain objects with a name and one method that turns the latest Snapshot into fresh metric
-families. They never call the backend. They run once per Snapshot, when the exposition cache renders /metrics
-(exporter/exposition.py), not once per scrape.
+Collectors are plain objects with a name and ``collect(snapshot, now)``, which turns the Snapshot it is handed into
+metric families. They never call the backend. The daemon runs them once per Snapshot, when the exposition cache
+renders /metrics (exporter/exposition.py through exporter/collectors/render.py), not once per scrape; most also
+``write`` their series straight to that render (exporter/collectors/series.py) and build no families there.
+``SnapshotExporter`` serves any of them to prometheus_client (the golden file, tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -15,15 +17,29 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from exporter.collectors.series import Family
 from exporter.snapshot import GpuSnapshot, Snapshot
 
 log = structlog.get_logger("collectors")
 
 GPU_LABELS = ("gpu", "uuid")
+SUCCESS = Family(
+    "xpu_collector_success",
+    "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
+    labels=("collector",),
+)
+DURATION = Family(
+    "xpu_collector_duration_seconds", "Time the collector took in the last render of /metrics.", labels=("collector",)
+)
 
 
 def gpu_label_values(gpu: GpuSnapshot) -> list[str]:
     return [str(gpu.index), gpu.uuid]
+
+
+def gpu_labels(gpu: GpuSnapshot) -> tuple[str, str]:
+    """The values of GPU_LABELS for one card."""
+    return str(gpu.index), gpu.uuid
 
 
 class Collector(Protocol):
@@ -59,16 +75,8 @@ class SnapshotExporter(PromCollector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self._latest()
         now = self._clock()
-        success = GaugeMetricFamily(
-            "xpu_collector_success",
-            "Whether the collector produced its metrics in the last render of /metrics (1) or not (0).",
-            labels=["collector"],
-        )
-        duration = GaugeMetricFamily(
-            "xpu_collector_duration_seconds",
-            "Time the collector took in the last render of /metrics.",
-            labels=["collector"],
-        )
+        success = GaugeMetricFamily(SUCCESS.name, SUCCESS.help, labels=SUCCESS.labels)
+        duration = GaugeMetricFamily(DURATION.name, DURATION.help, labels=DURATION.labels)
         for collector in self._collectors:
             started = self._monotonic()
             ok = 0.0

@@ -9,105 +9,129 @@ process has no usage series, because "unknown" must not read as 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
-from exporter.attribution.attributor import Attribution
+from exporter.attribution.attributor import Allocation, Attribution
+from exporter.attribution.kubelet import PodResourcesView
 from exporter.collectors.base import NoDataError
+from exporter.collectors.series import Exposer, Family, Rows, SeriesCollector
 from exporter.snapshot import Snapshot
 
+POD_LABELS = ("namespace", "pod", "container", "uuid")
+_MIG_LABELS = (*POD_LABELS, "gpu_instance_id")
+_ALLOCATION = ("resource", "device_id")
 
-def pod_labels(namespace: str, pod: str, container: str, uuid: str, gpu_instance_id: str) -> dict[str, str]:
-    labels = {"namespace": namespace, "pod": pod, "container": container, "uuid": uuid}
+MEMORY = Family(
+    "xpu_pod_gpu_memory_used_bytes",
+    "GPU memory used by the container's processes on the card (sum of usedGpuMemory).",
+)
+SM = Family(
+    "xpu_pod_sm_utilization_ratio",
+    "Share of the card's SM time the container's processes used (sum of nvmlDeviceGetProcessUtilization).",
+)
+COUNT = Family("xpu_pod_gpu_processes", "Compute processes of the container on the card.")
+ALLOCATED = Family(
+    "xpu_pod_gpu_allocated",
+    "1 for each device kubelet allocated to the container (pod-resources List); device_id as kubelet "
+    "reports it (GPU-..., MIG-..., with ::N for a shared replica).",
+)
+KUBELET_UP = Family(
+    "xpu_kubelet_pod_resources_up", "Whether the last kubelet pod-resources refresh succeeded (1) or failed (0)."
+)
+KUBELET_LAST_SUCCESS = Family(
+    "xpu_kubelet_pod_resources_last_success_timestamp_seconds",
+    "Unix time of the last successful pod-resources refresh.",
+)
+ALLOCATABLE = Family(
+    "xpu_kubelet_allocatable_devices",
+    "Devices kubelet can allocate, by resource (pod-resources GetAllocatableResources).",
+    labels=("resource",),
+)
+UNMATCHED = Family(
+    "xpu_kubelet_pod_resources_unmatched_devices",
+    "Allocated device ids that name no GPU or MIG device of this node.",
+)
+
+_Sums = list[float | None]  # memory, SM, processes
+_Container = tuple[str, str, str]  # container, uuid, gpu_instance_id
+
+
+def pod_labels(
+    namespace: str, pod: str, container: str, uuid: str, gpu_instance_id: str
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(label names, label values) of a container's series on one card or MIG instance."""
     if gpu_instance_id:
-        labels["gpu_instance_id"] = gpu_instance_id
-    return labels
+        return _MIG_LABELS, (namespace, pod, container, uuid, gpu_instance_id)
+    return POD_LABELS, (namespace, pod, container, uuid)
 
 
-class PodCollector:
+class PodCollector(SeriesCollector):
+    """One block per pod (its containers' sums and allocations), kept while they are unchanged."""
+
     name = "pod"
 
     def __init__(self, source: Callable[[], Attribution | None]) -> None:
         self._source = source
 
-    def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
+    def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
         attribution = self._source()
         if attribution is None:
             raise NoDataError("no attribution yet")
-        memory = GaugeMetricFamily(
-            "xpu_pod_gpu_memory_used_bytes",
-            "GPU memory used by the container's processes on the card (sum of usedGpuMemory).",
-        )
-        sm = GaugeMetricFamily(
-            "xpu_pod_sm_utilization_ratio",
-            "Share of the card's SM time the container's processes used (sum of nvmlDeviceGetProcessUtilization).",
-        )
-        count = GaugeMetricFamily("xpu_pod_gpu_processes", "Compute processes of the container on the card.")
-        allocated = GaugeMetricFamily(
-            "xpu_pod_gpu_allocated",
-            "1 for each device kubelet allocated to the container (pod-resources List); device_id as kubelet "
-            "reports it (GPU-..., MIG-..., with ::N for a shared replica).",
-        )
-        sums: dict[tuple[str, ...], list[float | None]] = {}  # key -> [memory, sm, processes]
+        out.declare(MEMORY, SM, COUNT, ALLOCATED)
+        pods: dict[tuple[str, str], tuple[dict[_Container, list[float | None]], list[Allocation]]] = {}
         for p in attribution.processes:
             w = p.workload
             if not w.pod or p.mps_server:
                 continue
-            key = (w.namespace, w.pod, w.container, p.uuid, p.gpu_instance_id)
-            acc = sums.setdefault(key, [None, None, 0.0])
+            sums, _ = pods.setdefault((w.namespace, w.pod), ({}, []))
+            acc = sums.setdefault((w.container, p.uuid, p.gpu_instance_id), [None, None, 0.0])
             if p.used_memory_bytes is not None:
                 acc[0] = (acc[0] or 0.0) + p.used_memory_bytes
             if p.sm_utilization_ratio is not None:
                 acc[1] = (acc[1] or 0.0) + p.sm_utilization_ratio
             acc[2] = (acc[2] or 0.0) + 1
-        for (namespace, pod, container, uuid, gi), (mem, util, n) in sorted(sums.items()):
-            labels = pod_labels(namespace, pod, container, uuid, gi)
-            if mem is not None:
-                memory.add_sample(memory.name, labels, mem)
-            if util is not None:
-                sm.add_sample(sm.name, labels, min(1.0, util))
-            count.add_sample(count.name, labels, n or 0.0)
-        for a in sorted(set(attribution.allocations), key=lambda a: (a.namespace, a.pod, a.container, a.device_id)):
-            labels = pod_labels(a.namespace, a.pod, a.container, a.uuid, a.gpu_instance_id)
-            allocated.add_sample(allocated.name, {**labels, "resource": a.resource_name, "device_id": a.device_id}, 1.0)
-        return (memory, sm, count, allocated, *self._kubelet(attribution))
+        for a in set(attribution.allocations):
+            pods.setdefault((a.namespace, a.pod), ({}, []))[1].append(a)
+        for (namespace, pod), (sums, allocations) in sorted(pods.items()):
+            containers = tuple(sorted(sums.items()))  # by key: container, card, GPU instance
+            allocations.sort(key=lambda a: (a.container, a.device_id))
+            rows = out.block((namespace, pod), (containers, tuple(allocations)))
+            if rows is not None:
+                _pod(rows, namespace, pod, containers, allocations)
+        _kubelet(out, attribution.kubelet, attribution.unmatched_device_ids)
 
-    @staticmethod
-    def _kubelet(attribution: Attribution) -> Iterable[Metric]:
-        view = attribution.kubelet
-        if view is None or view.state in ("absent", "stopped"):
-            return ()  # not a Kubernetes node (or the client is off): no kubelet series at all
-        up = GaugeMetricFamily(
-            "xpu_kubelet_pod_resources_up",
-            "Whether the last kubelet pod-resources refresh succeeded (1) or failed (0).",
-            value=1.0 if view.state == "ok" else 0.0,
-        )
-        families: list[Metric] = [up]
-        if view.last_success is not None:
-            families.append(
-                GaugeMetricFamily(
-                    "xpu_kubelet_pod_resources_last_success_timestamp_seconds",
-                    "Unix time of the last successful pod-resources refresh.",
-                    value=view.last_success,
-                )
-            )
-        allocatable = GaugeMetricFamily(
-            "xpu_kubelet_allocatable_devices",
-            "Devices kubelet can allocate, by resource (pod-resources GetAllocatableResources).",
-            labels=["resource"],
-        )
-        counts: dict[str, int] = {}
-        for resource, _device_id in view.allocatable:
-            counts[resource] = counts.get(resource, 0) + 1
-        for resource, n in sorted(counts.items()):
-            allocatable.add_metric([resource], float(n))
-        families.append(allocatable)
-        families.append(
-            GaugeMetricFamily(
-                "xpu_kubelet_pod_resources_unmatched_devices",
-                "Allocated device ids that name no GPU or MIG device of this node.",
-                value=float(attribution.unmatched_device_ids),
-            )
-        )
-        return families
+
+def _pod(
+    rows: Rows, namespace: str, pod: str, containers: tuple[tuple[_Container, _Sums], ...], allocs: list[Allocation]
+) -> None:
+    for (container, uuid, gi), (mem, util, n) in containers:
+        names, values = pod_labels(namespace, pod, container, uuid, gi)
+        if mem is not None:
+            rows.add_named(MEMORY, names, values, mem)
+        if util is not None:
+            rows.add_named(SM, names, values, min(1.0, util))
+        rows.add_named(COUNT, names, values, n or 0.0)
+    for a in allocs:
+        names, values = pod_labels(a.namespace, a.pod, a.container, a.uuid, a.gpu_instance_id)
+        rows.add_named(ALLOCATED, (*names, *_ALLOCATION), (*values, a.resource_name, a.device_id), 1.0)
+
+
+def _kubelet(out: Exposer, view: PodResourcesView | None, unmatched: int) -> None:
+    if view is None or view.state in ("absent", "stopped"):
+        return  # not a Kubernetes node (or the client is off): no kubelet series at all
+    out.declare(KUBELET_UP)
+    if view.last_success is not None:
+        out.declare(KUBELET_LAST_SUCCESS)
+    out.declare(ALLOCATABLE, UNMATCHED)
+    rows = out.block("kubelet", (view.state, view.last_success, view.allocatable, unmatched))
+    if rows is None:
+        return
+    rows.add(KUBELET_UP, (), 1.0 if view.state == "ok" else 0.0)
+    if view.last_success is not None:
+        rows.add(KUBELET_LAST_SUCCESS, (), view.last_success)
+    counts: dict[str, int] = {}
+    for resource, _device_id in view.allocatable:
+        counts[resource] = counts.get(resource, 0) + 1
+    for resource, n in sorted(counts.items()):
+        rows.add(ALLOCATABLE, (resource,), float(n))
+    rows.add(UNMATCHED, (), float(unmatched))

@@ -14,36 +14,50 @@ series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
-from prometheus_client.core import GaugeMetricFamily, Metric
+from collections.abc import Callable
 
 from exporter.attribution.attributor import AttributedProcess, Attribution
 from exporter.collectors.base import GPU_LABELS, NoDataError
+from exporter.collectors.series import Exposer, Family, Rows, SeriesCollector
 from exporter.snapshot import Snapshot
 
 PROCESS_LABELS = ("uuid", "pid", "process", "namespace", "pod", "container")  # on every series
 OTHER = "other"
 
+MEMORY = Family(
+    "xpu_process_gpu_memory_used_bytes",
+    "GPU memory used by the process (nvmlDeviceGetComputeRunningProcesses usedGpuMemory).",
+)
+SM = Family(
+    "xpu_process_sm_utilization_ratio",
+    "Share of the card's SM time the process used in the last sample (nvmlDeviceGetProcessUtilization).",
+)
+FOLDED = Family(
+    "xpu_process_folded",
+    'Processes beyond the per-GPU series limit, summed into the series with pid="" and process="other".',
+    labels=GPU_LABELS,
+)
+_WITH_INSTANCE = (*PROCESS_LABELS, "gpu_instance_id")
+_WITH_JOB = (*PROCESS_LABELS, "slurm_job")
+_WITH_BOTH = (*PROCESS_LABELS, "gpu_instance_id", "slurm_job")
 
-def process_labels(p: AttributedProcess) -> dict[str, str]:
+
+def process_labels(p: AttributedProcess) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(label names, label values) of a process's series."""
     w = p.workload
-    labels = {
-        "uuid": p.uuid,
-        "pid": str(p.pid),
-        "process": p.name,
-        "namespace": w.namespace,
-        "pod": w.pod,
-        "container": w.container,
-    }
+    values: tuple[str, ...] = (p.uuid, str(p.pid), p.name, w.namespace, w.pod, w.container)
+    if p.gpu_instance_id and w.job:
+        return _WITH_BOTH, (*values, p.gpu_instance_id, w.job)
     if p.gpu_instance_id:
-        labels["gpu_instance_id"] = p.gpu_instance_id
+        return _WITH_INSTANCE, (*values, p.gpu_instance_id)
     if w.job:
-        labels["slurm_job"] = w.job
-    return labels
+        return _WITH_JOB, (*values, w.job)
+    return PROCESS_LABELS, values
 
 
-class ProcessCollector:
+class ProcessCollector(SeriesCollector):
+    """One block per card, kept while the card's attributed processes are unchanged."""
+
     name = "process"
 
     def __init__(self, source: Callable[[], Attribution | None], *, max_per_gpu: int = 64) -> None:
@@ -52,42 +66,35 @@ class ProcessCollector:
         self._source = source
         self.max_per_gpu = max_per_gpu
 
-    def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
+    def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
         attribution = self._source()
         if attribution is None:
             raise NoDataError("no attribution yet")
-        memory = GaugeMetricFamily(
-            "xpu_process_gpu_memory_used_bytes",
-            "GPU memory used by the process (nvmlDeviceGetComputeRunningProcesses usedGpuMemory).",
-        )
-        sm = GaugeMetricFamily(
-            "xpu_process_sm_utilization_ratio",
-            "Share of the card's SM time the process used in the last sample (nvmlDeviceGetProcessUtilization).",
-        )
-        folded = GaugeMetricFamily(
-            "xpu_process_folded",
-            'Processes beyond the per-GPU series limit, summed into the series with pid="" and process="other".',
-            labels=list(GPU_LABELS),
-        )
+        out.declare(MEMORY, SM, FOLDED)
         by_gpu: dict[tuple[int, str], list[AttributedProcess]] = {}
         for p in attribution.processes:
             by_gpu.setdefault((p.gpu, p.uuid), []).append(p)
-        for (gpu, uuid), procs in sorted(by_gpu.items()):
-            procs.sort(key=lambda p: (-(p.used_memory_bytes or 0), p.pid))
-            kept, rest = procs[: self.max_per_gpu], procs[self.max_per_gpu :]
-            for p in kept:
-                labels = process_labels(p)
-                if p.used_memory_bytes is not None:
-                    memory.add_sample(memory.name, labels, float(p.used_memory_bytes))
-                if p.sm_utilization_ratio is not None:
-                    sm.add_sample(sm.name, labels, p.sm_utilization_ratio)
-            folded.add_metric([str(gpu), uuid], float(len(rest)))
-            if rest:
-                labels = {**dict.fromkeys(PROCESS_LABELS, ""), "uuid": uuid, "process": OTHER}
-                mem_known = [p.used_memory_bytes for p in rest if p.used_memory_bytes is not None]
-                sm_known = [p.sm_utilization_ratio for p in rest if p.sm_utilization_ratio is not None]
-                if mem_known:
-                    memory.add_sample(memory.name, labels, float(sum(mem_known)))
-                if sm_known:
-                    sm.add_sample(sm.name, labels, min(1.0, sum(sm_known)))
-        return (memory, sm, folded)
+        for key, procs in sorted(by_gpu.items()):
+            rows = out.block(key, (tuple(procs), self.max_per_gpu))
+            if rows is not None:
+                self._card(rows, key, procs)
+
+    def _card(self, rows: Rows, card: tuple[int, str], procs: list[AttributedProcess]) -> None:
+        gpu, uuid = card
+        procs.sort(key=lambda p: (-(p.used_memory_bytes or 0), p.pid))
+        kept, rest = procs[: self.max_per_gpu], procs[self.max_per_gpu :]
+        for p in kept:
+            names, values = process_labels(p)
+            if p.used_memory_bytes is not None:
+                rows.add_named(MEMORY, names, values, float(p.used_memory_bytes))
+            if p.sm_utilization_ratio is not None:
+                rows.add_named(SM, names, values, p.sm_utilization_ratio)
+        rows.add(FOLDED, (str(gpu), uuid), float(len(rest)))
+        if rest:
+            other = (uuid, "", OTHER, "", "", "")
+            mem_known = [p.used_memory_bytes for p in rest if p.used_memory_bytes is not None]
+            sm_known = [p.sm_utilization_ratio for p in rest if p.sm_utilization_ratio is not None]
+            if mem_known:
+                rows.add_named(MEMORY, PROCESS_LABELS, other, float(sum(mem_known)))
+            if sm_known:
+                rows.add_named(SM, PROCESS_LABELS, other, min(1.0, sum(sm_known)))

@@ -8,15 +8,14 @@ PCIe rates are in the card collector (``xpu_gpu_pcie_*_bytes_per_second``), whic
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from exporter.backends.types import DeviceProfiling, MediaEngine, ProfilingMetric, ProfilingSample, Unsupported
-from exporter.collectors.base import GPU_LABELS, gpu_label_values
+from exporter.collectors.base import GPU_LABELS, gpu_labels
 from exporter.collectors.mig import MIG_LABELS
-from exporter.snapshot import GpuSnapshot, Snapshot
+from exporter.collectors.series import Exposer, Family, Rows, SeriesCollector
+from exporter.snapshot import Snapshot
 
 M = ProfilingMetric
 
@@ -94,83 +93,82 @@ ENGINE_HELP: Mapping[MediaEngine, str] = {
 }
 
 
-def _families(prefix: str, labels: list[str], specs: Iterable[_Family]) -> list[tuple[_Family, GaugeMetricFamily]]:
-    out = []
-    for spec in specs:
-        names = [*labels, spec.label] if spec.label else labels
-        out.append((spec, GaugeMetricFamily(f"{prefix}_{spec.suffix}", spec.help, labels=names)))
-    return out
+_Spec = tuple[_Family, Family]
 
 
-def _add(families: list[tuple[_Family, GaugeMetricFamily]], values: list[str], reading: ProfilingSample) -> None:
+def _families(prefix: str, labels: tuple[str, ...], specs: tuple[_Family, ...]) -> tuple[_Spec, ...]:
+    return tuple(
+        (spec, Family(f"{prefix}_{spec.suffix}", spec.help, labels=(*labels, spec.label) if spec.label else labels))
+        for spec in specs
+    )
+
+
+CARD = _families("xpu_gpu", GPU_LABELS, (*ACTIVITY, *NVLINK))
+MIG = _families("xpu_mig", MIG_LABELS, ACTIVITY)
+ENGINES = {
+    engine: Family(f"xpu_gpu_{engine.value}_active_ratio", text, labels=GPU_LABELS)
+    for engine, text in ENGINE_HELP.items()
+}
+ENCODER = Family(
+    "xpu_gpu_encoder_utilization_ratio",
+    "Share of time the video encoders were busy, as the driver samples it (nvmlDeviceGetEncoderUtilization).",
+    labels=GPU_LABELS,
+)
+DECODER = Family(
+    "xpu_gpu_decoder_utilization_ratio",
+    "Share of time the video decoders were busy, as the driver samples it (nvmlDeviceGetDecoderUtilization).",
+    labels=GPU_LABELS,
+)
+SUPPORTED = Family(
+    "xpu_gpu_profiling_supported",
+    "Whether the card answers NVML's GPM profiling API (1) or not (0: no xpu_gpu_*_active_ratio series).",
+    labels=GPU_LABELS,
+)
+FAMILIES = (
+    SUPPORTED,
+    *(family for _, family in CARD),
+    *ENGINES.values(),
+    ENCODER,
+    DECODER,
+    *(family for _, family in MIG),
+)
+
+
+def _add(rows: Rows, families: tuple[_Spec, ...], values: tuple[str, ...], reading: ProfilingSample) -> None:
     for spec, family in families:
         for label, metric in spec.readings:
             value = reading.metrics.get(metric)
             if value is not None:
-                family.add_metric(values + ([label] if spec.label else []), value)
+                rows.add(family, (*values, label) if spec.label else values, value)
 
 
-class ProfilingCollector:
+class ProfilingCollector(SeriesCollector):
+    """One block per card (its card and MIG readings), kept while its DeviceProfiling is unchanged."""
+
     name = "profiling"
 
-    def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
-        return list(self._collect(snapshot))
+    def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
+        out.declare(*FAMILIES)
+        for gpu in snapshot.gpus:
+            if not gpu.fresh or gpu.info is None or gpu.profiling is None:
+                continue
+            labels = gpu_labels(gpu)
+            rows = out.block(gpu.index, (labels, gpu.profiling))
+            if rows is not None:
+                _card(rows, labels, gpu.profiling)
 
-    def _collect(self, snapshot: Snapshot) -> Iterator[Metric]:
-        gpus = [g for g in snapshot.gpus if g.fresh and g.info is not None and g.profiling is not None]
-        card_labels, mig_labels = list(GPU_LABELS), list(MIG_LABELS)
-        card = _families("xpu_gpu", card_labels, (*ACTIVITY, *NVLINK))
-        mig = _families("xpu_mig", mig_labels, ACTIVITY)
-        engines = {
-            engine: GaugeMetricFamily(f"xpu_gpu_{engine.value}_active_ratio", text, labels=card_labels)
-            for engine, text in ENGINE_HELP.items()
-        }
-        codec = (
-            GaugeMetricFamily(
-                "xpu_gpu_encoder_utilization_ratio",
-                "Share of time the video encoders were busy, as the driver samples it "
-                "(nvmlDeviceGetEncoderUtilization).",
-                labels=card_labels,
-            ),
-            GaugeMetricFamily(
-                "xpu_gpu_decoder_utilization_ratio",
-                "Share of time the video decoders were busy, as the driver samples it "
-                "(nvmlDeviceGetDecoderUtilization).",
-                labels=card_labels,
-            ),
-        )
-        supported = GaugeMetricFamily(
-            "xpu_gpu_profiling_supported",
-            "Whether the card answers NVML's GPM profiling API (1) or not (0: no xpu_gpu_*_active_ratio series).",
-            labels=card_labels,
-        )
-        for gpu in gpus:
-            self._card(gpu, card, engines, codec, supported)
-            for gi, reading in sorted(_profiling(gpu).mig.items()):
-                _add(mig, [*gpu_label_values(gpu), str(gi)], reading)
-        yield supported
-        yield from (family for _, family in card)
-        yield from engines.values()
-        yield from codec
-        yield from (family for _, family in mig)
 
-    @staticmethod
-    def _card(
-        gpu: GpuSnapshot,
-        card: list[tuple[_Family, GaugeMetricFamily]],
-        engines: Mapping[MediaEngine, GaugeMetricFamily],
-        codec: tuple[GaugeMetricFamily, GaugeMetricFamily],
-        supported: GaugeMetricFamily,
-    ) -> None:
-        p, values = _profiling(gpu), gpu_label_values(gpu)
-        supported.add_metric(values, 1.0 if p.gpm_supported else 0.0)
-        if p.card is not None:
-            _add(card, values, p.card)
-            for engine, busy in _engine_means(p.card).items():
-                engines[engine].add_metric(values, busy)
-        for family, ratio in zip(codec, (p.encoder_utilization_ratio, p.decoder_utilization_ratio), strict=True):
-            if not isinstance(ratio, Unsupported):
-                family.add_metric(values, ratio)
+def _card(rows: Rows, labels: tuple[str, str], p: DeviceProfiling) -> None:
+    rows.add(SUPPORTED, labels, 1.0 if p.gpm_supported else 0.0)
+    if p.card is not None:
+        _add(rows, CARD, labels, p.card)
+        for engine, busy in _engine_means(p.card).items():
+            rows.add(ENGINES[engine], labels, busy)
+    for family, ratio in ((ENCODER, p.encoder_utilization_ratio), (DECODER, p.decoder_utilization_ratio)):
+        if not isinstance(ratio, Unsupported):
+            rows.add(family, labels, ratio)
+    for gi, reading in sorted(p.mig.items()):  # the MIG families' lines, in this card's block too
+        _add(rows, MIG, (*labels, str(gi)), reading)
 
 
 def _engine_means(reading: ProfilingSample) -> dict[MediaEngine, float]:
@@ -180,8 +178,3 @@ def _engine_means(reading: ProfilingSample) -> dict[MediaEngine, float]:
     for (engine, _n), busy in reading.engines.items():
         kinds.setdefault(engine, []).append(busy)
     return {engine: sum(values) / len(values) for engine, values in kinds.items()}
-
-
-def _profiling(gpu: GpuSnapshot) -> DeviceProfiling:
-    assert gpu.profiling is not None
-    return gpu.profiling

@@ -7,11 +7,11 @@ import socket
 from collections.abc import Callable, Sequence
 
 import structlog
-from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors import Collector, SnapshotExporter
+from exporter.collectors import Collector
+from exporter.collectors.render import SnapshotRenderer
 from exporter.executor import in_daemon_thread
-from exporter.exposition import ExpositionCache
+from exporter.exposition import PROMETHEUS_FORMATS, ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
 from exporter.sampler import SamplerSettings
 from exporter.snapshot import Snapshot
@@ -43,15 +43,19 @@ class MetricsEndpoint(ComponentBase):
         max_age_seconds: float,
     ) -> None:
         self.listen = listen
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotExporter(latest, list(collectors)))
-        # rendered once per Snapshot for the formats scrapers ask for; a scrape is served those bytes
-        self.exposition = ExpositionCache(self.registry, interval=interval_seconds, max_age=max_age_seconds)
+        self._latest = latest
+        self.renderer = SnapshotRenderer(collectors)
+        # each published Snapshot rendered for the formats scrapers ask for; a scrape is served those bytes
+        self.exposition = ExpositionCache(
+            self.renderer, interval=interval_seconds, max_age=max_age_seconds, expect=PROMETHEUS_FORMATS
+        )
         self.http = MetricsHTTPServer(
             parse_listen_address(listen), self.exposition, health=health, landing=landing, web_config=web_config
         )
 
     async def start(self) -> None:
+        if (snapshot := self._latest()) is not None:  # the sampler's first, so the first scrape finds it rendered
+            await in_daemon_thread(self.exposition.publish, snapshot)
         self.http.start()
         log.info("metrics listening", address=self.listen, port=self.http.port, scheme=self.http.scheme)
 

@@ -29,9 +29,12 @@ from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
-from exporter.exposition import HOT_SECONDS, ExpositionCache, accepts_gzip
+from exporter.collectors.render import SnapshotRenderer
+from exporter.encoding import Rendered, go_float
+from exporter.exposition import HOT_SECONDS, PROMETHEUS_FORMATS, ExpositionCache, RegistryRenderer, accepts_gzip
 from exporter.http import Health, MetricsHTTPServer
 from exporter.sampler import Sampler, SamplerSettings
+from exporter.snapshot import Snapshot
 from healthd.sim.node import SimulatedNode
 from tests.support.clock import FakeClock
 
@@ -72,11 +75,15 @@ def mono() -> FakeClock:
     return FakeClock(1000.0)
 
 
+def _registry(collector: CountingCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
 @pytest.fixture
 def cache(counting: CountingCollector, mono: FakeClock) -> ExpositionCache:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(counting)
-    return ExpositionCache(registry, max_age=10.0, monotonic=mono)
+    return ExpositionCache(_registry(counting), max_age=10.0, monotonic=mono)
 
 
 @pytest.fixture
@@ -139,7 +146,7 @@ def test_publish_renders_the_formats_scrapers_asked_for_and_nothing_when_no_one_
 
 
 @pytest.mark.parametrize("phase", [0.3, 2.0, 4.7])
-def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
+def test_with_an_interval_publish_renders_every_snapshot_until_the_rhythm_is_learned_then_only_the_one_read(
     counting: CountingCollector, mono: FakeClock, phase: float
 ) -> None:
     registry = CollectorRegistry(auto_describe=False)
@@ -161,11 +168,13 @@ def test_with_an_interval_publish_renders_only_the_snapshot_a_scrape_will_read(
                 rendered_at_scrape.append(t)
             latest = 3 * (t - phase)
             assert f'xpu_test_events_total{{what="x"}} {latest:.1f}'.encode() in body, "the latest Snapshot"
-    assert rendered_at_scrape == [phase, 15 + phase], "until the scraper's rhythm is known, its request renders"
-    assert rendered_at_publish == [30, 45, 60, 75, 90, 105, 120], "then only the Snapshot before each scrape"
+    assert rendered_at_scrape == [phase], "only a format never asked for before is rendered on the request"
+    learning = [5.0 * n for n in range(1, 10)]  # requests at 15 and 30 teach the period, at 30 and 45 confirm it
+    assert rendered_at_publish == [*learning, 60, 75, 90, 105, 120], "then only the Snapshot before each scrape"
+    assert cache.renders == {"publish": len(rendered_at_publish), "request": 1}
 
 
-def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(
+def test_a_burst_that_ended_or_a_scraper_that_stopped_is_rendered_for_until_it_is_forgotten(
     counting: CountingCollector, mono: FakeClock
 ) -> None:
     registry = CollectorRegistry(auto_describe=False)
@@ -174,20 +183,118 @@ def test_no_render_for_a_burst_that_ended_or_a_scraper_that_stopped(
     for _ in range(5):  # a person polling with curl
         mono.now += 0.3
         cache.payload(TEXT)
-    calls = counting.calls
-    mono.now += 5.0
-    cache.publish()
-    assert counting.calls == calls, "a burst is no rhythm to render for"
-    for _ in range(3):  # a scraper every 15 s, then gone
-        mono.now += 15.0
-        cache.payload(OPENMETRICS, "gzip")
     renders = []
-    for t in range(5, 100, 5):
+    for t in range(5, 200, 5):
         calls = counting.calls
         mono.now += 5.0
         cache.publish()
         renders += [t] if counting.calls > calls else []
-    assert renders and max(renders) <= 30, f"rendered for a scraper gone for {max(renders)} s"
+    assert renders == list(range(5, int(HOT_SECONDS) + 1, 5)), "one render per Snapshot while it may come back, no more"
+    renders = []
+    for t in range(5, 300, 5):  # a scraper every 15 s for 90 s, learned, then gone
+        calls = counting.calls
+        mono.now += 5.0
+        cache.publish()
+        renders += [t] if counting.calls > calls else []
+        if t <= 90 and t % 15 == 0:
+            mono.now += 0.5
+            cache.payload(OPENMETRICS, "gzip")
+            mono.now -= 0.5
+    learning, learned = list(range(20, 61, 5)), [75, 90]  # first request at 15: rendered on it
+    late = list(range(105, 91 + int(HOT_SECONDS), 5))  # expected, late, then overdue (a restart?), forgotten
+    assert renders == [*learning, *learned, *late]
+
+
+def _scrape_for(
+    cache: ExpositionCache, counting: CountingCollector, mono: FakeClock, seconds: float, scrapers: dict[str, float]
+) -> tuple[list[tuple[float, float]], list[float]]:
+    """Snapshots every 5 s, each scraper (host: phase) every 15 s, for ``seconds`` from ``mono``'s time: (request
+    time, time of the Snapshot it read) for every request, and the times of the Snapshots rendered at publish."""
+    read, rendered = [], []
+    start = round((mono.now - 1000.0) * 10)
+    for tick in range(start, start + round(seconds * 10)):
+        mono.now = 1000.0 + tick / 10
+        if tick % 50 == 0:
+            counting.value, calls = tick / 10, counting.calls
+            cache.publish()
+            rendered += [tick / 10] if counting.calls > calls else []
+        for host, phase in scrapers.items():
+            if tick % 150 == round(phase * 10):
+                body = gzip.decompress(cache.payload(OPENMETRICS, "gzip", client=host).body)
+                events = next(line for line in body.split(b"\n") if line.startswith(b"xpu_test_events_total{"))
+                read.append((tick / 10, float(events.split()[-1]) / 3))
+    return read, rendered
+
+
+def test_a_new_scraper_of_a_learned_format_is_served_without_a_render_on_its_request(
+    counting: CountingCollector, mono: FakeClock
+) -> None:
+    cache = ExpositionCache(_registry(counting), max_age=10.0, interval=5.0, monotonic=mono)
+    _scrape_for(cache, counting, mono, 120.0, {"prometheus-a": 0.3})  # learned
+    before = dict(cache.renders)
+    both = {"prometheus-a": 0.3, "prometheus-b": 12.3}  # its HA replica joins, 12 s later
+    read, _ = _scrape_for(cache, counting, mono, 120.0, both)
+    assert cache.renders["request"] == before["request"], "no request waited for a render"
+    assert read[1] == (132.3, 120.0), "B's first request: the latest body made in its format (A's, 12 s old)"
+    assert all(snapshot == t // 5 * 5 for t, snapshot in read[2:]), "then each request reads the latest Snapshot"
+    _, rendered = _scrape_for(cache, counting, mono, 60.0, both)
+    assert rendered == [240, 250, 255, 265, 270, 280, 285, 295], "each replica's rhythm learned apart"
+
+
+def test_a_restarted_scraper_is_served_at_once_and_its_new_rhythm_learned(
+    counting: CountingCollector, mono: FakeClock
+) -> None:
+    cache = ExpositionCache(_registry(counting), max_age=10.0, interval=5.0, monotonic=mono)
+    _scrape_for(cache, counting, mono, 120.0, {"prometheus": 0.3})
+    _scrape_for(cache, counting, mono, 42.0, {})  # it restarts: 27 s past its due request
+    before = dict(cache.renders)
+    read, rendered = _scrape_for(cache, counting, mono, 100.0, {"prometheus": 3.3})  # back, 168.3 s and on
+    assert cache.renders["request"] == before["request"], "no request waited for a render"
+    assert all(snapshot == t // 5 * 5 for t, snapshot in read), "every request read the latest Snapshot"
+    assert [t for t in rendered if t > 210] == [225, 240, 255], (
+        "its new rhythm learned: the Snapshot before each request"
+    )
+
+
+def test_publish_renders_the_expected_formats_before_anyone_asked(counting: CountingCollector, mono: FakeClock) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(counting)
+    cache = ExpositionCache(registry, max_age=10.0, interval=5.0, monotonic=mono, expect=PROMETHEUS_FORMATS)
+    cache.publish()
+    assert counting.calls == 1, "a freshly started daemon renders Prometheus' format for the first scrape"
+    mono.now += 0.5
+    body = cache.payload(OPENMETRICS, "gzip").body
+    assert b"xpu_test_events_total" in gzip.decompress(body)
+    assert cache.renders == {"publish": 1, "request": 0}
+
+
+def test_a_scrape_during_a_render_is_served_the_render_before_at_once() -> None:
+    class Slow:
+        """A renderer whose second render blocks until the test lets it go."""
+
+        def __init__(self) -> None:
+            self.inner = RegistryRenderer(_registry(CountingCollector()))
+            self.entered, self.release = threading.Event(), threading.Event()
+            self.count = 0
+
+        def render(self, snapshot: Snapshot | None) -> Rendered:
+            self.count += 1
+            if self.count == 2:
+                self.entered.set()
+                self.release.wait(10)
+            return self.inner.render(snapshot)
+
+    slow = Slow()
+    cache = ExpositionCache(slow, max_age=10.0, interval=None)
+    before = cache.payload(TEXT).body
+    publishing = threading.Thread(target=cache.publish)
+    publishing.start()
+    try:
+        assert slow.entered.wait(10)
+        assert cache.payload(TEXT).body == before, "served at once from the last render"
+    finally:
+        slow.release.set()
+        publishing.join(10)
 
 
 def test_a_stopped_sampler_does_not_freeze_the_values(
@@ -354,3 +461,26 @@ def test_promtool_accepts_the_busy_node(busy_cache: ExpositionCache) -> None:
     body = busy_cache.payload(TEXT, "gzip").body
     result = subprocess.run(["promtool", "check", "metrics"], input=gzip.decompress(body), capture_output=True)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_publish_renders_the_snapshot_it_is_handed_not_the_samplers_latest(clock: FakeClock) -> None:
+    sim = SimulatedBackend.from_name("h200x8", clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5), clock=clock)
+    try:
+        cache = ExpositionCache(SnapshotRenderer(default_collectors(), clock=clock), max_age=60.0, interval=5.0)
+        first = sampler.run_once()
+        cache.publish(first)
+        clock.advance(5)
+        second = sampler.run_once()
+        assert sampler.latest() is second
+
+        def stamp(snapshot: Snapshot) -> str:
+            uuid = snapshot.gpus[0].uuid
+            return f'xpu_gpu_last_sample_timestamp_seconds{{gpu="0",uuid="{uuid}"}} {go_float(snapshot.taken_at)}\n'
+
+        body = cache.payload(TEXT).body.decode()
+        assert stamp(first) in body and stamp(second) not in body
+        cache.publish(second)
+        assert stamp(second) in gzip.decompress(cache.payload(TEXT, "gzip").body).decode()
+    finally:
+        sampler.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from pathlib import Path
 
@@ -40,10 +41,15 @@ def test_daemon_serves_partitions(tmp_path: Path) -> None:
                 listed = await stub.ListPartitions(pb.ListPartitionsRequest())
                 assert [q.id for q in listed.partitions] == [p.id]
             port = daemon.metrics.http.port
-            text = await asyncio.to_thread(
-                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-            )
-            assert f'partition_id="{p.id}"' in text
+
+            def scrape() -> str:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+            # /metrics is rendered when a Snapshot is published: the partition shows from the next sample on
+            give_up = time.monotonic() + 30
+            while f'partition_id="{p.id}"' not in (text := await asyncio.to_thread(scrape)):
+                assert time.monotonic() < give_up, "the partition never reached /metrics"
+                await asyncio.sleep(0.2)
             assert 'xpu_gpu_partition_mode{gpu="3",mode="tdm"' in text
             assert (tmp_path / "state" / "cdi" / "xpu-runtime-kit.io-gpu.json").exists()  # simulated: not /var/run/cdi
             assert (tmp_path / "mps" / p.id / "pipe").is_dir()

@@ -52,7 +52,16 @@ def test_daemon_serves_topology(tmp_path: Path) -> None:
 
             gpus = await asyncio.to_thread(call)
             url = f"http://127.0.0.1:{daemon.metrics.http.port}/metrics"
-            metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+
+            def scrape() -> str:  # /metrics shows the topology from the next render after it was collected
+                give_up = time.monotonic() + 30
+                while "xpu_topology_up 1.0" not in (text := urllib.request.urlopen(url, timeout=10).read().decode()):
+                    if time.monotonic() > give_up:
+                        return text
+                    time.sleep(0.1)
+                return text
+
+            metrics = await asyncio.to_thread(scrape)
             return gpus, metrics, (features / "xpu-runtime-kit").read_text()
         finally:
             await daemon.stop()

@@ -1,0 +1,206 @@
+"""One render of /metrics from one Snapshot: every collector, timed, into sections of text kept between renders.
+
+``SnapshotRenderer.render(snapshot)`` is a function of the Snapshot it is handed (and of the collectors' own
+state: faults, partitions, attribution, topology), never of what the sampler holds now. Collectors that write
+series (``exporter/collectors/series.py``) hand their keys and values straight to it: each block's lines are kept
+under the block's version, so an unchanged card, pod or topology costs one string per family, and a changed one
+formats only the values that changed. Collectors that still return prometheus_client families go through
+``MetricLines`` (exporter/encoding.py), which keeps their lines the same way, family by family.
+
+As node_exporter does, a collector that fails costs only its own series: ``xpu_collector_success`` says 0 and the
+rest of the render goes out.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from math import copysign
+
+import structlog
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import DURATION, SUCCESS, Collector, NoDataError, SnapshotExporter
+from exporter.collectors.series import Family, Rows, SeriesCollector
+from exporter.encoding import MetricLines, Rendered, Section, go_float, series_prefix
+from exporter.snapshot import Snapshot
+
+log = structlog.get_logger("collectors")
+
+# A series' line as the last render left it: (prefix 'name{labels} ', value, the whole line), by its label values
+# (or (label names, label values)), per family. Only strings and floats: the garbage collector stops tracking such
+# tuples and dicts, so a large node's kept lines cost it no time.
+_Line = tuple[str, float, str]
+_Lines = dict[Family, dict[tuple[object, ...], _Line]]
+_NO_LINES: dict[tuple[object, ...], _Line] = {}  # never written to
+
+
+class _Block:
+    """A block's lines as the last render left them: its version, each family's text, each series' line."""
+
+    __slots__ = ("fragments", "lines", "version")
+
+    def __init__(self, version: object, fragments: dict[Family, str], lines: _Lines) -> None:
+        self.version, self.fragments, self.lines = version, fragments, lines
+
+
+class _BlockRows:
+    """Rows of one block being written; reuses the prefix (and the whole line, for an unchanged value) of the
+    block's last render. ``add`` is the hot path of a render: kept flat on purpose."""
+
+    __slots__ = ("_family", "_old", "lines", "parts", "version")
+
+    def __init__(self, version: object, old: _Lines) -> None:
+        self.version = version
+        self._old = old
+        self.lines: _Lines = {}
+        self.parts: dict[Family, list[str]] = {}
+        self._family: dict[Family, tuple[dict[tuple[object, ...], _Line], dict[tuple[object, ...], _Line], list[str]]]
+        self._family = {}
+
+    def add(self, family: Family, values: tuple[str, ...], value: float) -> None:
+        self._add(family, values, family.labels, values, value)
+
+    def add_named(self, family: Family, names: tuple[str, ...], values: tuple[str, ...], value: float) -> None:
+        self._add(family, (names, values), names, values, value)
+
+    def _add(
+        self, family: Family, key: tuple[object, ...], names: tuple[str, ...], values: tuple[str, ...], value: float
+    ) -> None:
+        state = self._family.get(family)
+        if state is None:
+            state = self._family[family] = (self._old.get(family, _NO_LINES), {}, [])
+            self.lines[family], self.parts[family] = state[1], state[2]
+        old_lines, lines, parts = state
+        line = old_lines.get(key)
+        if line is None:
+            line = (_prefix(family, names, values), math.nan, "")
+        old = line[1]
+        if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
+            line = (line[0], value, f"{line[0]}{go_float(value)}\n")
+        lines[key] = line
+        parts.append(line[2])
+
+    def finish(self) -> _Block:
+        return _Block(self.version, {f: "".join(p) for f, p in self.parts.items()}, self.lines)
+
+
+def _prefix(family: Family, names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if len(names) != len(values):
+        raise ValueError(f"{family.name}: {len(values)} label values for {len(names)} names")
+    return series_prefix(family.sample, zip(names, values, strict=True))
+
+
+class _Writes:
+    """The Exposer of one collector's render: its families in order and its blocks, kept or written now."""
+
+    def __init__(self, kept: dict[Hashable, _Block]) -> None:
+        self._kept = kept
+        self._order: dict[Family, None] = {}
+        self._blocks: dict[Hashable, _Block | _BlockRows] = {}
+
+    def declare(self, *families: Family) -> None:
+        for family in families:
+            if family in self._order:
+                raise ValueError(f"family {family.name} declared twice")
+            self._order[family] = None
+
+    def block(self, key: Hashable, version: object) -> Rows | None:
+        if key in self._blocks:
+            raise ValueError(f"block {key!r} written twice in one render")
+        kept = self._kept.get(key)
+        if kept is not None and (kept.version is version or kept.version == version):
+            self._blocks[key] = kept
+            return None
+        rows = _BlockRows(version, kept.lines if kept is not None else {})
+        self._blocks[key] = rows
+        return rows
+
+    def finish(self) -> tuple[list[Section], dict[Hashable, _Block]]:
+        blocks = {k: b.finish() if isinstance(b, _BlockRows) else b for k, b in self._blocks.items()}
+        parts: dict[Family, list[str]] = {family: [] for family in self._order}
+        for block in blocks.values():
+            for family, text in block.fragments.items():
+                if family not in parts:
+                    raise ValueError(f"family {family.name} written but not declared")
+                parts[family].append(text)
+        sections = [Section(f.text_header, f.om_header, "".join(parts[f]), frozenset((f.sample,))) for f in self._order]
+        return sections, blocks
+
+
+class _Stage:
+    """One collector and what it keeps between renders."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.writer = collector if isinstance(collector, SeriesCollector) else None
+        self.blocks: dict[Hashable, _Block] = {}
+        self.metric_lines = MetricLines()
+
+    def render(self, snapshot: Snapshot, now: float) -> list[Section]:
+        if self.writer is None:  # prometheus_client families, materialised first: a failure leaves nothing half-made
+            return self.metric_lines.sections(list(self.collector.collect(snapshot, now)))
+        writes = _Writes(self.blocks)
+        self.writer.write(snapshot, now, writes)
+        sections, self.blocks = writes.finish()  # only a render that completed replaces the kept blocks
+        return sections
+
+
+class SnapshotRenderer:
+    """Renders the collectors over the Snapshot it is handed. Renders run one at a time (a lock)."""
+
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._stages = [_Stage(c) for c in collectors]
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._timing_blocks: dict[Hashable, _Block] = {}
+
+    @property
+    def collectors(self) -> tuple[Collector, ...]:
+        return tuple(stage.collector for stage in self._stages)
+
+    def render(self, snapshot: Snapshot | None) -> Rendered:
+        with self._lock:
+            now = self._clock()
+            sections: list[Section] = []
+            timings: list[tuple[str, float, float]] = []
+            for stage in self._stages:
+                started = self._monotonic()
+                ok = 0.0
+                if snapshot is not None:
+                    try:
+                        sections += stage.render(snapshot, now)
+                    except NoDataError:
+                        pass
+                    except Exception:
+                        log.exception("collector failed", collector=stage.collector.name)
+                    else:
+                        ok = 1.0
+                timings.append((stage.collector.name, ok, self._monotonic() - started))
+            sections += self._timings(timings)
+        return Rendered(sections, lambda: self.families(snapshot, now))
+
+    def families(self, snapshot: Snapshot | None, now: float) -> list[Metric]:
+        """The render of ``snapshot`` at ``now`` as prometheus_client families (every collector runs again)."""
+        exporter = SnapshotExporter(lambda: snapshot, self.collectors, clock=lambda: now, monotonic=self._monotonic)
+        return list(exporter.collect())
+
+    def _timings(self, timings: list[tuple[str, float, float]]) -> list[Section]:
+        writes = _Writes(self._timing_blocks)
+        writes.declare(SUCCESS, DURATION)
+        rows = writes.block("timings", object())  # a version equal to no other: written every render
+        assert rows is not None
+        for name, ok, seconds in timings:
+            rows.add(SUCCESS, (name,), ok)
+            rows.add(DURATION, (name,), seconds)
+        sections, self._timing_blocks = writes.finish()
+        return sections
