@@ -188,7 +188,49 @@ def test_the_schemas_check_the_dra_objects(tmp_path: Any) -> None:
     assert validate.check_core([device_class], "device class", tmp_path) == []
     device_class["spec"]["extendedResourceNames"] = device_class["spec"].pop("extendedResourceName")
     errors = validate.check_core([device_class], "broken", tmp_path)
-    assert len(errors) == 2 and "1.36.0" in errors[0] and "1.37.0" in errors[1]  # DRA kinds: not checked on 1.29
+    assert len(errors) == 2 and "1.36.0" in errors[0] and "1.37.0" in errors[1]  # the driver's: not on 1.29
     daemonset = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-dra-driver"))
     daemonset["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["fieldRef"]["path"] = "x"
-    assert len(validate.check_core([daemonset], "broken", tmp_path)) == 3
+    assert len(validate.check_core([daemonset], "broken", tmp_path)) == 2
+    unknown = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceKlass", "metadata": {"name": "x"}, "spec": {}}
+    errors = validate.check_core([unknown], "unknown kind", tmp_path)
+    assert len(errors) == 2 and all("Couldn't find schema" in e for e in errors)
+
+
+def test_the_admission_policy_keeps_the_driver_to_its_own_nodes_slices() -> None:
+    from tests.support.admission_policy import decide
+
+    objects = render(*DRA_ON)
+    policy = named(objects, "ValidatingAdmissionPolicy")
+    binding = named(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], sorted(rule["operations"])) == (["resourceslices"], ["CREATE", "DELETE", "UPDATE"])
+    driver = "system:serviceaccount:xpu-runtime-kit:xpu-runtime-kit-dra-driver"
+
+    def user(name: str, node: str | None) -> dict[str, Any]:
+        return {"username": name, "extra": {"authentication.kubernetes.io/node-name": [node]} if node else {}}
+
+    def slice_on(node: str | None, driver_name: str = "gpu.xpu-runtime-kit.io") -> dict[str, Any]:
+        spec: dict[str, Any] = {"driver": driver_name, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}
+        spec.update({"nodeName": node} if node else {"allNodes": True})
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": spec}
+
+    def allowed(operation: str, who: dict[str, Any], obj: dict[str, Any]) -> bool:
+        request = {"operation": operation, "userInfo": who}
+        request.update({"oldObject": obj, "object": None} if operation == "DELETE" else {"object": obj})
+        if operation == "UPDATE":
+            request["oldObject"] = obj
+        return decide(policy, request)[0]
+
+    on_n1 = user(driver, "n1")
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+        assert allowed(operation, on_n1, slice_on("n1"))
+        assert not allowed(operation, on_n1, slice_on("n2"))
+        assert not allowed(operation, on_n1, slice_on(None))  # a slice for all nodes
+        assert not allowed(operation, on_n1, slice_on("n1", "gpu.nvidia.com"))  # another driver's
+        assert not allowed(operation, user(driver, None), slice_on("n1"))  # a token not bound to a pod
+    assert allowed("CREATE", user("system:node:n2", None), slice_on("n1"))  # others: RBAC's and kubelet's business
+    message = decide(policy, {"operation": "CREATE", "userInfo": on_n1, "object": slice_on("n2")})[1]
+    assert message == "the DRA driver on node n1 may write only that node's ResourceSlices"
+    assert not [o for o in render(*DRA_ON, "--set", "draDriver.ownNodeOnly=false") if "Admission" in o["kind"]]
