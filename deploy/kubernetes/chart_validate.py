@@ -2,8 +2,9 @@
 
 1. ``helm lint`` on the chart, with its default values and with every switch flipped (values-all-on.yaml);
 2. ``helm template`` of both, plus manifests/xpu-runtime-kit.yaml: every built-in kind against Kubernetes' OpenAPI
-   schemas (kubernetes-validate --strict: unknown fields are errors), the ServiceMonitor and PrometheusRule against
-   the Prometheus Operator's schemas (crd-validator/validate.mjs);
+   schemas of 1.36 and 1.37, and all but the DRA driver's objects also of 1.29 (kubernetes-validate --strict:
+   unknown fields are errors, and so is a kind the version has no schema for), the ServiceMonitor and
+   PrometheusRule against the Prometheus Operator's schemas (crd-validator/validate.mjs);
 3. the PrometheusRule's groups with ``promtool check rules``;
 4. the ConfigMap's healthd.toml with ``xpu-healthd --check-config`` and its plugin.toml with the plugin's parser.
 
@@ -29,7 +30,19 @@ from chart_build import MANIFEST, render  # noqa: E402
 from chart_tools import REPO, crd_validator, helm, kubernetes_validate, promtool  # noqa: E402
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
-KUBERNETES_VERSION = "1.33.0"
+# Every built-in object against the versions the DRA driver is written for, and all but the DRA driver's objects
+# (the daemon and the device plugin) also against the oldest version the chart supports (docs/kubernetes.md).
+KUBERNETES_VERSIONS = ("1.36.0", "1.37.0")
+OLDEST_VERSION = "1.29.0"
+DRA_DRIVER_LABEL = ("app.kubernetes.io/name", "xpu-dra-driver")
+NO_SCHEMA = "Couldn't find schema"  # kubernetes-validate only warns about a kind it has no schema for
+
+
+def is_dra_driver_object(doc: dict[str, Any]) -> bool:
+    key, value = DRA_DRIVER_LABEL
+    return bool(doc["apiVersion"].startswith("resource.k8s.io/") or doc["metadata"].get("labels", {}).get(key) == value)
+
+
 VARIANTS = {"defaults": [], "all switches flipped": ["-f", str(HERE / "values-all-on.yaml")]}
 
 
@@ -39,17 +52,20 @@ def documents(text: str) -> list[dict[str, Any]]:
 
 def check_core(docs: list[dict[str, Any]], where: str, tmp: Path) -> list[str]:
     core = [d for d in docs if d["kind"] not in CRD_KINDS]
-    path = tmp / f"{where.replace(' ', '-')}-core.yaml"
-    path.write_text(yaml.safe_dump_all(core))
-    out = subprocess.run(
-        [str(kubernetes_validate()), "--strict", "--quiet", "-k", KUBERNETES_VERSION, str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        return [f"{where}: kubernetes-validate: {(out.stdout + out.stderr).strip()}"]
-    return []
+    errors = []
+    for version in (*KUBERNETES_VERSIONS, OLDEST_VERSION):
+        objects = core if version != OLDEST_VERSION else [d for d in core if not is_dra_driver_object(d)]
+        path = tmp / f"{where.replace(' ', '-')}-core-{version}.yaml"
+        path.write_text(yaml.safe_dump_all(objects))
+        out = subprocess.run(
+            [str(kubernetes_validate()), "--strict", "--quiet", "-k", version, str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0 or NO_SCHEMA in out.stdout + out.stderr:
+            errors.append(f"{where}: kubernetes-validate {version}: {(out.stdout + out.stderr).strip()}")
+    return errors
 
 
 def check_crds(docs: list[dict[str, Any]], where: str) -> list[str]:

@@ -37,7 +37,12 @@ def test_chart_and_manifests_pass_the_validators() -> None:
 
 
 def rendered(*args: str) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in validate.documents(build.render(list(args)))}
+    """The objects by kind (a second one of a kind as kind/name), each DaemonSet by the program it runs."""
+    out = {}
+    for d in validate.documents(build.render(list(args))):
+        key = d["kind"] if d["kind"] != "DaemonSet" else d["spec"]["template"]["spec"]["containers"][0]["name"]
+        out[key if key not in out else f"{key}/{d['metadata']['name']}"] = d
+    return out
 
 
 def test_prometheus_rule_is_the_alerts_file() -> None:
@@ -47,29 +52,52 @@ def test_prometheus_rule_is_the_alerts_file() -> None:
     assert "{{ $labels.gpu }}" in yaml.safe_dump(rule["spec"])  # Prometheus' templates pass through helm untouched
 
 
-def test_the_daemonset_runs_both_programs_on_shared_sockets_and_host_paths() -> None:
+def test_the_daemon_and_the_plugin_share_sockets_and_host_paths() -> None:
     objects = rendered()
-    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
-    daemon, plugin = pod["containers"]
-    assert (daemon["name"], plugin["name"]) == ("xpu-healthd", "xpu-device-plugin")
-    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in pod["containers"]}
-    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert mounts["xpu-healthd"]["runtime"] == mounts["xpu-device-plugin"]["runtime"] == host["runtime"]
+    pods = {name: objects[name]["spec"]["template"]["spec"] for name in ("xpu-healthd", "xpu-device-plugin")}
+    (daemon,), (plugin,) = pods["xpu-healthd"]["containers"], pods["xpu-device-plugin"]["containers"]
+    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in (daemon, plugin)}
+    host = {
+        name: {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        for name, pod in pods.items()
+    }
+    assert mounts["xpu-healthd"]["runtime"] == mounts["xpu-device-plugin"]["runtime"] == host["xpu-healthd"]["runtime"]
+    assert host["xpu-healthd"]["runtime"] == host["xpu-device-plugin"]["runtime"]
     # CDI specs and MPS pipes name host paths: mounted at the same path inside
     for name in ("cdi", "runtime", "state"):
-        assert mounts["xpu-healthd"][name] == host[name]
-    assert mounts["xpu-device-plugin"]["device-plugins"] == host["device-plugins"] == "/var/lib/kubelet/device-plugins"
+        assert mounts["xpu-healthd"][name] == host["xpu-healthd"][name]
+    assert (
+        mounts["xpu-device-plugin"]["device-plugins"]
+        == host["xpu-device-plugin"]["device-plugins"]
+        == "/var/lib/kubelet/device-plugins"
+    )
     assert "--healthd-socket=unix:/run/xpu-runtime-kit/healthd.sock" in plugin["command"]
-    for container in pod["containers"]:
+    for container in (daemon, plugin):
         ctx = container["securityContext"]
         assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"] and not ctx["privileged"]
         assert ctx["capabilities"]["drop"] == ["ALL"]
     assert daemon["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN", "CHOWN", "SYSLOG"]
     assert "add" not in plugin["securityContext"]["capabilities"]
-    assert pod["automountServiceAccountToken"] is False
+    assert all(pod["automountServiceAccountToken"] is False for pod in pods.values())
+    assert "xpu-dra-driver" not in objects  # off by default
     monitor = objects["ServiceMonitor"]["spec"]
     assert monitor["jobLabel"] == "app.kubernetes.io/name"
     assert objects["Service"]["metadata"]["labels"]["app.kubernetes.io/name"] == "xpu-healthd"  # job="xpu-healthd"
+
+
+def test_each_pod_restarts_when_its_own_config_changes() -> None:
+    def checksums(*args: str) -> dict[str, str]:
+        objects = rendered(*args)
+        return {
+            name: objects[name]["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for name in ("xpu-healthd", "xpu-device-plugin")
+        }
+
+    base = checksums()
+    plugin_changed = checksums("--set", "devicePlugin.leaseSeconds=300")
+    daemon_changed = checksums("--set", "daemon.logLevel=debug")
+    assert plugin_changed["xpu-healthd"] == base["xpu-healthd"] != daemon_changed["xpu-healthd"]
+    assert daemon_changed["xpu-device-plugin"] == base["xpu-device-plugin"] != plugin_changed["xpu-device-plugin"]
 
 
 def test_values_reach_the_plugin_config() -> None:
@@ -85,10 +113,11 @@ def test_values_reach_the_plugin_config() -> None:
 
 def test_the_validators_reject_broken_objects(tmp_path: Path) -> None:
     objects = rendered()
-    daemonset = objects["DaemonSet"]
+    daemonset, plugin = objects["xpu-healthd"], objects["xpu-device-plugin"]
     daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = "yes"
-    daemonset["spec"]["template"]["spec"]["containers"][1]["bogusField"] = 1
-    assert validate.check_core([daemonset], "broken", tmp_path)
+    plugin["spec"]["template"]["spec"]["containers"][0]["bogusField"] = 1
+    errors = validate.check_core([daemonset, plugin], "broken", tmp_path)
+    assert len(errors) == 3 and all("privileged" in e and "bogusField" in e for e in errors)  # 1.36, 1.37, 1.29
     monitor = objects["ServiceMonitor"]
     monitor["spec"]["endpoints"][0]["interval"] = "thirty seconds"
     rule = objects["PrometheusRule"]

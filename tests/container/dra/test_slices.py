@@ -2,40 +2,26 @@
 GetCapacity, Topology.Get) validates against the 1.36 and 1.37 schemas in every mode, and the scheduler-side CEL of
 sample DeviceClasses selects the devices it should.
 
-The daemon's public API has no driver version, architecture, or MIG placements yet; NodeFacts carries them, taken
-here from the simulated card's own table (exporter/scenarios/h200x8.toml, the placements NVML reports on an H200).
+The daemon's public API has no driver version, architecture, or MIG placements yet: tests/support/dra_published.py
+carries them (NodeFacts).
 """
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
-import kubernetes_validate
 import pytest
 
 from container.dra import names
 from container.dra.kubeapi import to_json
-from container.dra.slices import CardTaint, NodeFacts, build_pool, node_owner
+from container.dra.slices import CardTaint, build_pool
 from healthd.api.v1 import partitions_pb2 as ppb
-from healthd.api.v1 import partitions_pb2_grpc as ppb_grpc
-from healthd.api.v1 import topology_pb2 as tpb
-from healthd.api.v1 import topology_pb2_grpc as tpb_grpc
 from tests.support.daemon_process import DaemonProcess
 from tests.support.dra_cel import selected
-from tests.support.paths import REPO
+from tests.support.dra_published import NODE, devices, inventory, published
 
 pytestmark = pytest.mark.e2e
-NODE = "h200x8"
-SCENARIO = tomllib.loads((REPO / "exporter/scenarios/h200x8.toml").read_text())
-FACTS = NodeFacts(
-    driver_version=SCENARIO["node"]["driver_version"],
-    architecture="Hopper",
-    mig_placements={p["id"]: tuple((s, n) for s, n in p["placements"]) for p in SCENARIO["mig_profiles"]},
-    mig_memory_slices=8,
-)
 
 
 def device_class(name: str, expression: str) -> dict[str, Any]:
@@ -62,31 +48,6 @@ BIG = device_class(
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     with DaemonProcess(tmp_path_factory.mktemp("daemon")) as d:
         yield d
-
-
-def inventory(daemon: DaemonProcess, modes: dict[int, str]) -> tuple[Any, Any]:
-    for gpu, mode in modes.items():
-        done = daemon.xpuctl("partitions", "mode", str(gpu), mode)
-        assert done.returncode == 0, done.stderr
-    with grpc.insecure_channel(daemon.address) as channel:
-        capacity = ppb_grpc.PartitionsStub(channel).GetCapacity(ppb.GetCapacityRequest(), timeout=10)
-        topology = tpb_grpc.TopologyStub(channel).Get(tpb.GetTopologyRequest(), timeout=10)
-    return capacity, topology
-
-
-def published(capacity: Any, topology: Any, **kwargs: Any) -> list[dict[str, Any]]:
-    pool = build_pool(
-        NODE, capacity, topology, FACTS, owner=node_owner(NODE, "0b6f1c1e-0000-4000-8000-000000000001"), **kwargs
-    )
-    slices = [to_json(s) for s in pool.slices]
-    for s in slices:
-        for version in ("1.36", "1.37"):
-            kubernetes_validate.validate(s, version, strict=True)
-    return slices
-
-
-def devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
 
 
 def test_whole_cards_with_their_attributes_and_topology(daemon: DaemonProcess) -> None:
