@@ -96,7 +96,7 @@ class PartitionsComponent(ComponentBase):
             default_sharing=SharingPolicy(settings.tdm_sharing),
             out_of_service=out_of_service,
         )
-        cdi.include(lambda: whole_card_devices(self.manager.cards, self.devices))
+        cdi.include(lambda: whole_card_devices(self.manager.cards, self.manager.modes, self.devices))
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds, device_holders)
         self._retry: asyncio.Task[None] | None = None
         self.collector = PartitionCollector(

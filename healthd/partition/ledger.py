@@ -289,3 +289,8 @@ class PartitionLedger:
     def cards(self) -> tuple[DeviceInfo, ...]:
         """The cards learned at start (empty before)."""
         return tuple(self._infos)
+
+    @property
+    def modes(self) -> dict[int, CardMode]:
+        """Each learned card's partition mode (the CDI spec lists a whole-card device only for mode none)."""
+        return dict(self._modes)

@@ -155,6 +155,7 @@ class PartitionManager(PartitionCreation):
             else:
                 self._sharing[gpu] = policy
             self._publish()
+            await self._write_cdi()  # the whole-card device is listed for mode none only
             log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current), sharing=str(policy or ""))
             return self._capacity(gpu, room=True)
 

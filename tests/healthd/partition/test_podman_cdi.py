@@ -28,6 +28,7 @@ from exporter.backends.simulated import SimulatedBackend
 from healthd.host.devices import DeviceNode
 from healthd.host.simulated_devices import gpu_instance_minor, simulated_host_devices, write_driver_tables
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.driverlibs import builtin_hook_path, discover, driver_edits
 from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
@@ -115,15 +116,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
     write_driver_tables(work / "simulated-driver")
+    devices = simulated_host_devices(work / "simulated-driver")
+    cdi = CdiWriter(work / "cdi", common=common)
     manager = PartitionManager(
         backend,
         Store(work / "partitions.sqlite"),
         MpsSupervisor(SimulatedMpsControl(), work / "run"),
-        CdiWriter(work / "cdi", common=common),
+        cdi,
         OwnerProbe(cgroup_root=work / "cgroup", clock=lambda: 1_800_000_000.0),
         clock=lambda: 1_800_000_000.0,
-        devices=simulated_host_devices(work / "simulated-driver"),
+        devices=devices,
     )
+    cdi.include(lambda: whole_card_devices(manager.cards, manager.modes, devices))  # as the daemon does
     owner = Owner(OwnerKind.LEASE, holder="podman-test")
 
     async def make() -> tuple[PartitionRecord, PartitionRecord]:
@@ -150,7 +154,7 @@ class Seen:
     links: dict[str, str]  # development link -> its target
 
 
-def run_in_container(s: Setup, device: str) -> Seen:
+def podman(s: Setup, device: str) -> subprocess.CompletedProcess[str]:
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     limit = 4096 if limit == resource.RLIM_INFINITY else min(limit, 4096)  # never above the hard limit we have
     env = {
@@ -161,7 +165,7 @@ def run_in_container(s: Setup, device: str) -> Seen:
         "DEVICE": device,
         "LIMIT": str(limit),
     }
-    result = subprocess.run(
+    return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", RUN_PODMAN],
         env=env,
         capture_output=True,
@@ -169,6 +173,10 @@ def run_in_container(s: Setup, device: str) -> Seen:
         timeout=300,
         check=False,
     )
+
+
+def run_in_container(s: Setup, device: str) -> Seen:
+    result = podman(s, device)
     assert result.returncode == 0, f"podman failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr}"
     sections: dict[str, list[str]] = {}
     current = ""
@@ -219,7 +227,8 @@ def test_spec_is_what_debian_podman_loads(setup: Setup) -> None:
     spec = json.loads((setup.cdi_dir / "xpu-runtime-kit.io-gpu.json").read_text())
     assert spec["cdiVersion"] == "0.3.0"
     assert {setup.tdm.id, setup.mig.id} <= {d["name"] for d in spec["devices"]}
-    assert len(spec["devices"]) == 3  # and the first MIG partition, made so the tested one is not GPU instance 1
+    # the first MIG partition (made so the tested one is not GPU instance 1), and the six cards in mode none
+    assert len(spec["devices"]) == 3 + 6
 
 
 def test_tdm_partition_in_a_container(setup: Setup) -> None:
@@ -262,3 +271,19 @@ def test_mig_partition_in_a_container(setup: Setup) -> None:
     )
     assert not any(Path(p).exists() for p in caps)  # nothing on the host: podman made them from the spec
     check_driver_files(setup, seen)
+
+
+def test_a_whole_card_in_mode_none_in_a_container(setup: Setup) -> None:
+    info = setup.manager.cards[0]
+    seen = run_in_container(setup, info.uuid)
+    assert seen.devices["/dev/nvidia0"] == ("character special file", 195, 0, 0o666)
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in seen.env
+
+
+@pytest.mark.parametrize("gpu", [3, 6], ids=["tdm", "mig"])
+def test_a_partitioned_card_cannot_be_had_whole(setup: Setup, gpu: int) -> None:
+    """A whole-card device for a TDM card would bypass every quota on it; for a MIG card, every instance."""
+    result = podman(setup, setup.manager.cards[gpu].uuid)
+    assert result.returncode != 0
+    assert "unresolvable CDI devices" in result.stderr, result.stderr
+    assert setup.manager.cards[gpu].uuid in result.stderr
