@@ -99,6 +99,7 @@ class PartitionManager(PartitionCreation):
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
                 await self._save(replace(record, state=State.READY))
+                await self._write_cdi()
             return
         # MIG: adopt our instance (also one whose create passed its deadline), or drop the row if there is none
         assert record.mig is not None
@@ -110,6 +111,8 @@ class PartitionManager(PartitionCreation):
             await self._forget(record.id)
             return
         await self._save(replace(record, state=State.READY, mig=placement_of(match)))
+        if record.state is State.CREATING:
+            await self._write_cdi()  # a runtime can resolve its CDI name from now on
         log.info("adopted MIG instance", partition=record.id, gpu=gpu, gpu_instance_id=match.gpu_instance_id)
         await self._refresh_foreign(gpu)
 
