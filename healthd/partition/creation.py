@@ -106,6 +106,8 @@ class PartitionCreation(PartitionLedger):
                             f"partition {existing.id} (request_id {rid[:100]!r}) is still being created: GPU "
                             f"{existing.gpu} has not answered; retry with the same request_id later"
                         )
+                    if not self.card_known(existing.gpu):
+                        raise self._not_joined(existing.gpu)
                     return existing
                 return await self._create(request)
         finally:
@@ -135,7 +137,7 @@ class PartitionCreation(PartitionLedger):
     async def _create_any(self, request: CreateRequest, quota: Quota, fingerprint: str) -> PartitionRecord:
         candidates = [
             (c.gpu, Quota(100 - c.compute_percent_allocated, c.memory_total_mib - c.memory_allocated_mib))
-            for c in (self._capacity(i) for i in range(len(self._infos)))
+            for c in (self._capacity(i) for i in sorted(self._infos))
             if c.mode is not CardMode.NONE
         ]
         if not candidates:

@@ -93,11 +93,14 @@ class PartitionLedger:
         self._store_io = SerialExecutor("partition-store")  # SQLite and the CDI file
         self._host_io = SerialExecutor("partition-host")  # MPS control daemons, owner checks (/proc, cgroups)
         self._devices = devices or HostDevices(proc_root)  # device numbers for the CDI spec
-        self._infos: list[DeviceInfo] = []
+        self._count = 0  # cards the driver reports
+        self._infos: dict[int, DeviceInfo] = {}  # the cards that have answered (joined); the others wait
+        self._unanswered: dict[int, str] = {}  # card -> why it has not joined yet (hung, lost, failing)
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._hw_mig: dict[int, bool] = {}
         self._foreign: dict[int, tuple[MigInstance, ...]] = {}
         self._modes: dict[int, CardMode] = {}
+        self._stored_modes: dict[str, tuple[CardMode, str]] = {}  # card UUID -> (mode, TDM sharing) as stored
         self._default_sharing = default_sharing
         self._sharing: dict[int, SharingPolicy] = {}  # TDM cards' sharing policy
         self._records: dict[str, PartitionRecord] = {}
@@ -191,9 +194,10 @@ class PartitionLedger:
         return records
 
     def capacity(self, gpu_ref: str = "") -> list[CardCapacity]:
+        """One card, or every card that has answered (a card that has not is left out until it joins)."""
         if gpu_ref:
             return [self._capacity(self.resolve_gpu(gpu_ref), room=True)]
-        return [self._capacity(i, room=True) for i in range(len(self._infos))]
+        return [self._capacity(i, room=True) for i in sorted(self._infos)]
 
     def view(self) -> View:
         """The last published picture; safe to read from any thread (metrics scrapes run in the HTTP thread)."""
@@ -202,8 +206,12 @@ class PartitionLedger:
     def _publish(self) -> None:
         self._view = View(
             partitions=tuple(sorted(self._records.values(), key=lambda r: r.id)),
-            cards=tuple(self._capacity(i) for i in range(len(self._infos))),
+            cards=tuple(self._capacity(i) for i in sorted(self._infos)),
         )
+
+    def card_known(self, gpu: int) -> bool:
+        """Has the card answered since the daemon started (its partitions' edits can be made)?"""
+        return gpu in self._infos
 
     def edits(self, record: PartitionRecord) -> ContainerEdits:
         minor = self._infos[record.gpu].minor_number
@@ -239,13 +247,25 @@ class PartitionLedger:
         except InvalidField as exc:
             raise invalid(str(exc)) from None
         if parsed.index is not None:
-            if parsed.index >= len(self._infos):
-                raise not_found(f"gpu: no GPU {parsed.index} (this node has {len(self._infos)})")
+            if parsed.index >= self._count:
+                raise not_found(f"gpu: no GPU {parsed.index} (this node has {self._count})")
+            if parsed.index not in self._infos:
+                raise self._not_joined(parsed.index)
             return parsed.index
-        for info in self._infos:
+        for info in self._infos.values():
             if info.uuid.lower() == parsed.uuid.lower():
                 return info.index
-        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}")
+        waiting = (
+            f" (GPU {', '.join(map(str, sorted(self._unanswered)))} has not answered yet)" if self._unanswered else ""
+        )
+        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}{waiting}")
+
+    def _not_joined(self, gpu: int) -> PartitionError:
+        why = self._unanswered.get(gpu, "not read yet")
+        return unavailable(
+            f"GPU {gpu} has not answered since the daemon started ({why}); it is partitionable once it does, the "
+            "other cards are already"
+        )
 
     def _card_sharing(self, gpu: int) -> CardSharing:
         return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)
@@ -275,7 +295,7 @@ class PartitionLedger:
         self._publish()
 
     async def _write_cdi(self) -> None:
-        ready = [r for r in self._records.values() if r.state is State.READY]
+        ready = [r for r in self._records.values() if r.state is State.READY and r.gpu in self._infos]
 
         def write() -> None:
             try:
@@ -287,10 +307,11 @@ class PartitionLedger:
 
     @property
     def cards(self) -> tuple[DeviceInfo, ...]:
-        """The cards learned at start (empty before)."""
-        return tuple(self._infos)
+        """The cards that have answered, by index (empty before start)."""
+        return tuple(self._infos[i] for i in sorted(self._infos))
 
     @property
     def modes(self) -> dict[int, CardMode]:
-        """Each learned card's partition mode (the CDI spec lists a whole-card device only for mode none)."""
-        return dict(self._modes)
+        """Each card's partition mode, for the cards that have answered (the CDI spec lists a whole-card device only
+        for mode none)."""
+        return {gpu: mode for gpu, mode in self._modes.items() if gpu in self._infos}
