@@ -74,6 +74,7 @@ class PartitionCreation(PartitionLedger):
             raise invalid(f"owner.lease.ttl_seconds: must be 0-{LEASE_MAX_SECONDS:g}")
         if request.owner.kind is not OwnerKind.LEASE and request.lease_ttl_seconds:
             raise invalid("ttl_seconds applies only to lease owners")
+        await self._follow_clock_steps()  # a lease made now is not moved by a step made before
         # The create runs as its own task: a caller that goes away (its deadline passed) does not cut it short
         # half-way; it finishes (or rolls back) and the row never stays 'creating'.
         task = asyncio.ensure_future(self._create_once(request))

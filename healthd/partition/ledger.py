@@ -11,9 +11,11 @@ import asyncio
 import functools
 import secrets
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,10 +32,11 @@ from healthd.host.devices import HostDevices
 from healthd.partition import planner
 from healthd.partition.capacity import CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
+from healthd.partition.clock_steps import ClockSteps
 from healthd.partition.device_calls import driver
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, invalid, not_found, unavailable
-from healthd.partition.model import CardMode, PartitionRecord, State
+from healthd.partition.model import CardMode, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsSupervisor
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.settings import PartitionSettings
@@ -72,6 +75,7 @@ class PartitionLedger:
         out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
         destroy_retry_seconds: float = 5.0,  # how long a delete retries a MIG instance still in use
         creating_timeout_seconds: float = 60.0,  # a row still 'creating' this long with no create running is recovered
+        monotonic: Callable[[], float] | None = None,  # against which wall-clock steps are seen (default: see below)
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -87,6 +91,8 @@ class PartitionLedger:
         self._order_any = order_any
         self._out_of_service = out_of_service
         self.clock = clock
+        # the real wall clock is watched for steps; an injected (test) clock has no monotonic twin unless given one
+        self._clock_steps = ClockSteps(clock, monotonic or (time.monotonic if clock is time.time else clock))
         self._new_id = new_id
         self._proc_root = proc_root
         self._snapshot = snapshot
@@ -293,6 +299,20 @@ class PartitionLedger:
         await self._store(self.store.delete, partition_id)
         self._records.pop(partition_id, None)
         self._publish()
+
+    async def _follow_clock_steps(self) -> None:
+        """Move every lease's stored expiry by a wall-clock step since the last look, so that leases keep running
+        for the time they were given (clock_steps.py)."""
+        step = self._clock_steps.step()
+        if not step:
+            return
+        leases = [r for r in self._records.values() if r.owner.kind is OwnerKind.LEASE and r.lease_expires_at]
+        log.warning("wall clock stepped; lease expiries follow it", step_seconds=round(step, 1), leases=len(leases))
+        for record in leases:
+            async with self._card_locks[record.gpu]:
+                current = self._records.get(record.id)
+                if current is not None and current.owner.kind is OwnerKind.LEASE and current.lease_expires_at:
+                    await self._save(replace(current, lease_expires_at=current.lease_expires_at + step))
 
     async def _write_cdi(self) -> None:
         ready = [r for r in self._records.values() if r.state is State.READY and r.gpu in self._infos]

@@ -242,6 +242,7 @@ class PartitionManager(PartitionCreation):
         return True
 
     async def renew_lease(self, partition_id: str, ttl_seconds: float) -> PartitionRecord:
+        await self._follow_clock_steps()
         record = self.get(partition_id)
         if record.owner.kind is not OwnerKind.LEASE:
             raise precondition(f"partition {partition_id} is owned by {record.owner.describe()}, not a lease")
@@ -257,6 +258,7 @@ class PartitionManager(PartitionCreation):
         """One pass, card by card: finish deletes and stale creates, reclaim partitions whose owner is gone,
         look for foreign MIG instances; then restart dead MPS daemons. A card that fails is counted and skipped."""
         reclaimed: list[str] = []
+        await self._follow_clock_steps()
         for gpu in range(self._count):
             if gpu not in self._infos and not await self._join(gpu):
                 self.reconcile_failures[f"gpu {gpu}"] += 1
