@@ -76,6 +76,7 @@ class PartitionLedger:
         destroy_retry_seconds: float = 5.0,  # how long a delete retries a MIG instance still in use
         creating_timeout_seconds: float = 60.0,  # a row still 'creating' this long with no create running is recovered
         monotonic: Callable[[], float] | None = None,  # against which wall-clock steps are seen (default: see below)
+        partition_hook: str | None = None,  # xpu-cdi-hook: each partition's CDI device refuses a second partition
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -91,6 +92,7 @@ class PartitionLedger:
         self._order_any = order_any
         self._out_of_service = out_of_service
         self.clock = clock
+        self._partition_hook = partition_hook
         # the real wall clock is watched for steps; an injected (test) clock has no monotonic twin unless given one
         self._clock_steps = ClockSteps(clock, monotonic or (time.monotonic if clock is time.time else clock))
         self._new_id = new_id
@@ -227,6 +229,7 @@ class PartitionLedger:
             gpu_minor=record.gpu if isinstance(minor, Unsupported) else minor,
             pipe_dir=pipe,
             devices=self._devices,
+            hook_path=self._partition_hook,
         )
 
     def cdi_name(self, record: PartitionRecord) -> str:

@@ -64,11 +64,13 @@ mount -t tmpfs -o mode=0755 tmpfs "$run"
 mkdir "$run/cdi"
 mount --bind "$CDI_DIR" "$run/cdi"
 if [ -d /etc/cdi ]; then mount -t tmpfs tmpfs /etc/cdi; fi
+set --
+for d in $DEVICE; do set -- "$@" --device "xpu-runtime-kit.io/gpu=$d"; done
 exec podman --root "$WORK/storage" --runroot "$run/podman" --tmpdir "$run/libpod" --storage-driver vfs \\
   --runtime runc --cgroup-manager cgroupfs --events-backend none \\
   run --rm --network none --security-opt apparmor=unconfined --security-opt label=disable \\
   --ulimit "nofile=$LIMIT:$LIMIT" --ulimit "nproc=$LIMIT:$LIMIT" \\
-  --device "xpu-runtime-kit.io/gpu=$DEVICE" --rootfs "$ROOTFS" /bin/sh /probe.sh
+  "$@" --rootfs "$ROOTFS" /bin/sh /probe.sh
 """
 
 
@@ -126,6 +128,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
         OwnerProbe(cgroup_root=work / "cgroup", clock=lambda: 1_800_000_000.0),
         clock=lambda: 1_800_000_000.0,
         devices=devices,
+        partition_hook=builtin_hook_path(),  # as the daemon does: each partition refuses a second one
     )
     cdi.include(lambda: whole_card_devices(manager.cards, manager.modes, devices))  # as the daemon does
     owner = Owner(OwnerKind.LEASE, holder="podman-test")
@@ -287,3 +290,11 @@ def test_a_partitioned_card_cannot_be_had_whole(setup: Setup, gpu: int) -> None:
     assert result.returncode != 0
     assert "unresolvable CDI devices" in result.stderr, result.stderr
     assert setup.manager.cards[gpu].uuid in result.stderr
+
+
+def test_two_partitions_in_one_container_are_refused(setup: Setup) -> None:
+    """Both would set CUDA_VISIBLE_DEVICES, and the TDM one its MPS variables: one partition's hook refuses."""
+    result = podman(setup, f"{setup.tdm.id} {setup.mig.id}")
+    assert result.returncode != 0
+    assert f"asks for 2 partitions ({', '.join(sorted([setup.tdm.id, setup.mig.id]))})" in result.stderr, result.stderr
+    assert "give a container one partition" in result.stderr
