@@ -1,4 +1,4 @@
-"""One card hung from start-up: the daemon's Partitions API serves the seven others at once (modes, creates,
+"""One card hung (or lost) from start-up: the daemon's Partitions API serves the seven others at once (modes, creates,
 capacity, lease reclaim by the reconciler), answers UNAVAILABLE naming the hung card for it, and takes the card in
 once it answers. Real daemon on the simulated node, real gRPC client on its admin socket."""
 
@@ -34,7 +34,7 @@ def lease(ttl: float = 0.0) -> Any:
     return pb.Owner(lease=pb.LeaseOwner(holder="t", ttl_seconds=ttl))
 
 
-@pytest.mark.parametrize("call", ["*", "device_info", "nvlink_peers"])
+@pytest.mark.parametrize("call", ["*", "device_info", "nvlink_peers", "lost"])
 def test_one_card_hung_from_start_up_leaves_the_others_partitionable(tmp_path: Path, call: str) -> None:
     config = with_overrides(
         Config(
@@ -49,7 +49,10 @@ def test_one_card_hung_from_start_up_leaves_the_others_partitionable(tmp_path: P
 
     async def go() -> None:
         daemon = Daemon(config, allow_fallback=True)
-        daemon.backend.inject("hang", 3, {"call": call})
+        if call == "lost":  # fell off the bus before boot: every call answers GPU_IS_LOST
+            daemon.backend.inject("gpu_lost", 3)
+        else:
+            daemon.backend.inject("hang", 3, {"call": call})
         await daemon.start()
         try:
             async with grpc.aio.insecure_channel(f"unix:{tmp_path}/healthd-admin.sock") as ch:
