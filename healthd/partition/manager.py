@@ -81,7 +81,7 @@ class PartitionManager(PartitionCreation):
             try:
                 info = await driver(self.device.aio.device_info(gpu))
             except PartitionError as exc:
-                if self._unanswered.get(gpu) != exc.message:
+                if gpu not in self._unanswered:  # once: the reason's wording changes with every pass (stuck for Ns)
                     log.warning("card not answering; partitions on it wait", gpu=gpu, error=exc.message)
                 self._unanswered[gpu] = exc.message
                 return False
