@@ -220,7 +220,13 @@ class PartitionCreation(PartitionLedger):
         loop = asyncio.get_running_loop()
 
         def answered(_: Future[Any]) -> None:
-            loop.call_soon_threadsafe(self._spawn, self._finish_late_create(record.id, record.gpu))
+            if loop.is_closed():
+                return  # the daemon stopped meanwhile: the next start recovers the row
+            finish = self._finish_late_create(record.id, record.gpu)
+            try:
+                loop.call_soon_threadsafe(self._spawn, finish)
+            except RuntimeError:  # closed between the check and the call
+                finish.close()
 
         outcome.add_done_callback(answered)
 
