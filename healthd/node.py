@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar
 import structlog
 
 from exporter.attribution.attributor import Attribution
+from exporter.attribution.kubelet import DeviceListing
 from exporter.backends.guarded import GuardedBackend
 from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
@@ -45,7 +46,7 @@ class PodDirectory(Protocol):
 
     def pod_exists(self, namespace: str, name: str) -> bool | None: ...
 
-    def device_holders(self) -> Mapping[tuple[str, str], tuple[str, str, str]] | None: ...
+    def device_holders(self) -> DeviceListing | None: ...
 
 
 class CardPlacement(Protocol):
@@ -147,8 +148,8 @@ class Node:
         """Whether kubelet lists the pod; None when nobody knows (no current kubelet answer)."""
         return self._pods.pod_exists(namespace, name) if self._pods is not None else None
 
-    def device_holders(self) -> Mapping[tuple[str, str], tuple[str, str, str]] | None:
-        """(resource, device id) -> (namespace, pod, container) for every device kubelet lists; None: not known."""
+    def device_holders(self) -> DeviceListing | None:
+        """Every device kubelet lists, with its pod and container, and when kubelet was asked; None: not known."""
         return self._pods.device_holders() if self._pods is not None else None
 
     def first_card(self, fitting: Sequence[int]) -> int | None:

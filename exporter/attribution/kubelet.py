@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,12 +41,22 @@ class DeviceAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceListing:
+    """Which pod and container kubelet lists each device under, and when the List was sent: kubelet's answer
+    reflects every Allocate that returned before that time, and maybe none after it."""
+
+    holders: Mapping[tuple[str, str], tuple[str, str, str]]  # (resource name, device id) -> (namespace, pod, container)
+    listed_at: float  # unix time
+
+
+@dataclass(frozen=True, slots=True)
 class PodResourcesView:
     state: str  # "ok", "absent" (no socket: not a Kubernetes node), "error", "stopped" (never refreshed)
     allocations: tuple[DeviceAllocation, ...] = ()
     allocatable: tuple[tuple[str, str], ...] = ()  # (resource_name, device_id)
     pods: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of every pod kubelet listed
     last_success: float | None = None  # unix time
+    listed_at: float | None = None  # unix time the List behind ``allocations`` was sent
     error: str = ""
     refreshes: int = 0
     failures: int = 0
@@ -138,6 +148,7 @@ class KubeletPodResources:
             )
             self._inode = inode
         stub = _stub(self._channel)
+        listed_at = self._clock()  # before the call: the answer is at least this fresh
         try:
             allocations, pods = self._list(stub)
             allocatable = self._allocatable(stub)
@@ -153,6 +164,7 @@ class KubeletPodResources:
             allocatable=allocatable,
             pods=pods,
             last_success=self._clock(),
+            listed_at=listed_at,
             refreshes=self._refreshes,
             failures=self._failures,
         )
@@ -168,6 +180,7 @@ class KubeletPodResources:
             allocatable=previous.allocatable if keep else (),
             pods=previous.pods if keep else frozenset(),
             last_success=previous.last_success,
+            listed_at=previous.listed_at if keep else None,
             error=error,
             refreshes=self._refreshes,
             failures=self._failures,
@@ -195,13 +208,14 @@ class KubeletPodResources:
             return None
         return (namespace, name) in view.pods
 
-    def device_holders(self) -> dict[tuple[str, str], tuple[str, str, str]] | None:
-        """(resource name, device id) -> (namespace, pod, container) of every device kubelet lists; None when
-        kubelet's answer is not current (absent, failing, not yet)."""
+    def device_holders(self) -> DeviceListing | None:
+        """Every device kubelet lists, with its pod and container, and when that List was sent; None when kubelet's
+        answer is not current (absent, failing, not yet)."""
         view = self.view()
-        if view.state != "ok":
+        if view.state != "ok" or view.listed_at is None:
             return None
-        return {(a.resource_name, a.device_id): (a.namespace, a.pod, a.container) for a in view.allocations}
+        holders = {(a.resource_name, a.device_id): (a.namespace, a.pod, a.container) for a in view.allocations}
+        return DeviceListing(holders, view.listed_at)
 
     def _allocatable(self, stub: PodResourcesListerStub) -> tuple[tuple[str, str], ...]:
         from exporter.attribution.api.podresources.v1 import api_pb2

@@ -130,6 +130,8 @@ class Topology:
     source: str  # sysfs root it was read from
     collected_at: float
     warnings: tuple[str, ...] = field(default=())
+    # cards whose NVLink peers were not read (hung, timed out, failed, inventory unknown): collected again soon
+    unread: tuple[int, ...] = field(default=())
 
     def gpu(self, index: int) -> Gpu | None:
         return next((g for g in self.gpus if g.index == index), None)

@@ -32,7 +32,7 @@ from exporter.topology.settings import TopologySettings
 from exporter.topology.sysfs import Sysfs
 
 log = structlog.get_logger("topology")
-RETRY_SECONDS = 10.0  # until a topology with every card exists
+RETRY_SECONDS = 10.0  # until a topology with every card and every card's NVLink peers exists
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ class TopologyRefresher:
         sysfs_root: Path = Path("/sys"),
         clock: Callable[[], float] = time.time,
         on_update: Callable[[Topology], None] | None = None,
+        retry_seconds: float = RETRY_SECONDS,
     ) -> None:
         self._device = device
         self._snapshot = snapshot
@@ -61,6 +62,7 @@ class TopologyRefresher:
         self._sysfs_root = sysfs_root
         self._clock = clock
         self._on_update = on_update
+        self._retry_seconds = retry_seconds
         self._lock = threading.Lock()
         self._latest: Topology | None = None
         self._attempts = self._failures = self._timeouts = 0
@@ -131,10 +133,16 @@ class TopologyRefresher:
             first_wait(30.0)
         while not self._stop.is_set():
             topology = self.refresh()
-            # retry soon until every card is in, then rarely
+            # retry soon until every card is in with its NVLink peers read, then rarely: a card whose peers timed
+            # out would otherwise read SYS instead of NV18 (and place partitions and label the node so) for an hour
             snap = self._snapshot()
-            complete = topology is not None and snap is not None and len(topology.gpus) == len(snap.gpus)
-            self._stop.wait(self.settings.refresh_seconds if complete else RETRY_SECONDS)
+            complete = (
+                topology is not None
+                and not topology.unread
+                and snap is not None
+                and len(topology.gpus) == len(snap.gpus)
+            )
+            self._stop.wait(self.settings.refresh_seconds if complete else self._retry_seconds)
 
     def _record_error(self, message: str) -> None:
         with self._lock:
@@ -150,22 +158,26 @@ class TopologyRefresher:
             ident.index: self._device.submit(ident.index, "nvlink_peers") for ident in identities
         }
         peers: dict[int, tuple[str, ...] | None] = {}
+        unread = list(missing)
         for index, read in reads.items():
             try:
                 result = read.result()
             except CardHungError as exc:
                 warnings.append(f"GPU {index}: not answering ({exc.stuck_call} stuck); NVLink peers unknown")
+                unread.append(index)
                 continue
             except CallTimeoutError as exc:
                 warnings.append(f"GPU {index}: nvlink_peers did not return ({exc}); peers unknown")
+                unread.append(index)
                 continue
             except BackendError as exc:
                 warnings.append(f"GPU {index}: nvlink_peers failed: {exc}")
+                unread.append(index)
                 continue
             peers[index] = None if result is UNSUPPORTED else tuple(result)
         topology = read_topology(Sysfs(str(self._sysfs_root)), identities, peers, collected_at=self._clock())
-        if warnings:
-            topology = replace(topology, warnings=(*warnings, *topology.warnings))
+        if warnings or unread:
+            topology = replace(topology, warnings=(*warnings, *topology.warnings), unread=tuple(sorted(unread)))
         return topology
 
 

@@ -10,14 +10,15 @@ import argparse
 import json
 import os
 import socket
-import sys
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import json_format
 
 from healthd.commands import args as argtypes
+from healthd.commands import partition_exec
 
 if TYPE_CHECKING:
     from healthd.api.v1 import partitions_pb2, partitions_pb2_grpc
@@ -64,16 +65,39 @@ def _owner(args: argparse.Namespace) -> partitions_pb2.Owner:
 
 
 def _print_partitions(partitions: Sequence[partitions_pb2.Partition], as_json: bool) -> None:
+    """One row per partition; for MIG, PROFILE is the profile the daemon picked (COMPUTE and MEMORY are what was
+    asked); EXPIRES is when a lease runs out unless renewed (local time, and how long from now)."""
     if as_json:
         print(json.dumps([json_format.MessageToDict(p) for p in partitions], indent=2))
         return
-    print(f"{'ID':16} {'GPU':>3} {'MODE':4} {'COMPUTE':>7} {'MEMORY':>10} {'STATE':8} {'OWNER':32} DEVICE")
+    print(
+        f"{'ID':16} {'GPU':>3} {'MODE':4} {'COMPUTE':>7} {'MEMORY':>10} {'PROFILE':10} {'STATE':8} {'OWNER':32} "
+        f"{'EXPIRES':16} DEVICE"
+    )
+    now = time.time()
     for p in partitions:
         compute = f"{p.compute_percent}%" if p.compute_percent else "-"
         memory = f"{p.memory_limit_bytes // 2**20}MiB" if p.memory_limit_bytes else "-"
         owner = _describe_owner(p.owner)
         device = p.mig.uuid if p.HasField("mig") else p.cdi_device
-        print(f"{p.id:16} {p.gpu:>3} {MODE_LABEL[p.mode]:4} {compute:>7} {memory:>10} {p.state:8} {owner:32} {device}")
+        profile = p.mig.profile if p.HasField("mig") else "-"
+        expires = _expiry(p.lease_expires_at, now) if p.owner.WhichOneof("kind") == "lease" else "-"
+        print(
+            f"{p.id:16} {p.gpu:>3} {MODE_LABEL[p.mode]:4} {compute:>7} {memory:>10} {profile:10} {p.state:8} "
+            f"{owner:32} {expires:16} {device}"
+        )
+
+
+def _expiry(expires_at: float, now: float) -> str:
+    left = int(expires_at - now)
+    clock = time.strftime("%H:%M:%S", time.localtime(expires_at))
+    if left <= 0:
+        return f"{clock} (passed)"
+    return (
+        f"{clock} ({left // 60}m{left % 60:02d}s)"
+        if left < 3600
+        else f"{clock} ({left // 3600}h{left % 3600 // 60:02d}m)"
+    )
 
 
 def _describe_owner(owner: partitions_pb2.Owner) -> str:
@@ -181,24 +205,8 @@ def cmd_capacity(args: argparse.Namespace, channel: grpc.Channel) -> int:
     return 0
 
 
-def cmd_exec(args: argparse.Namespace, channel: grpc.Channel) -> NoReturn:
-    """Run a command with the partition's environment (bare metal, development). Replaces this process."""
-    from healthd.api.v1 import partitions_pb2 as pb
-
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise ValueError("exec: give a command after the id, e.g. `xpuctl partitions exec ID -- python3 x.py`")
-    partition = _stub(channel).GetPartition(pb.GetPartitionRequest(id=args.id), timeout=args.timeout)
-    if partition.state != "ready":
-        raise ValueError(f"partition {partition.id} is {partition.state}, not ready")
-    env = {**os.environ, **dict(partition.env)}
-    sys.stdout.flush()
-    try:
-        os.execvpe(command[0], command, env)
-    except OSError as exc:
-        raise ValueError(f"exec {command[0]}: {exc.strerror}") from None
+def cmd_exec(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    return partition_exec.exec_in_partition(args, channel, lambda: admin_address(args))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -278,7 +286,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cap.add_argument("--json", action="store_true")
     cap.set_defaults(func=cmd_capacity)
 
-    ex = ps.add_parser("exec", help="run a command inside a partition: xpuctl partitions exec ID -- CMD [ARGS]")
+    ex = ps.add_parser(
+        "exec",
+        help="run a command inside a partition, keeping its lease renewed while it runs: "
+        "xpuctl partitions exec ID -- CMD [ARGS]",
+    )
     ex.add_argument("id", type=argtypes.partition_id)
     ex.add_argument("command", nargs=argparse.REMAINDER)
     ex.set_defaults(func=cmd_exec)

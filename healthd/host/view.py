@@ -63,6 +63,7 @@ class SimulatedFiles:
     node_root: Path  # proc tree, kubelet log directories and the pod-resources socket (healthd/sim/node.py)
     sysfs_root: Path  # the scenario's PCIe layout (an empty tree when it has none)
     driver_root: Path  # the driver's device tables (healthd/host/simulated_devices.py)
+    mig_state: Path  # the simulated driver's MIG instances, kept across daemon restarts (healthd/sim/mig_state.py)
     serve_kubelet: bool  # serve a simulated pod-resources socket (false: a real kubelet or a test double answers)
 
 
@@ -110,6 +111,7 @@ def simulated_host(settings: HostSettings, state_dir: Path) -> HostView:
         node_root=state_dir / "sim-node",
         sysfs_root=state_dir / "simulated-sysfs",
         driver_root=state_dir / "simulated-driver",
+        mig_state=state_dir / "simulated-mig.json",
         serve_kubelet=settings.simulate_kubelet,
     )
     return HostView(

@@ -24,6 +24,12 @@ same jobs, in the same order in the spec:
     host's binary is used, never one from the image. Unlike nvidia-cdi-hook, a cache is also built in an image that
     had none.
 
+``one-partition --partition ID``
+    each partition's own device runs it: it refuses to start a container given two partitions of this spec. Every
+    partition sets ``CUDA_VISIBLE_DEVICES`` and a TDM one its MPS variables; a runtime applies both devices' edits
+    and the last value of each variable wins, so the container would see one card with another partition's MPS
+    settings. The partitions asked for are the ``one-partition`` hooks in the container's ``config.json``.
+
 How every verb works: the OCI runtime passes the container state on stdin; its ``bundle`` holds ``config.json``
 whose ``root.path`` is the container's root file system. The hook runs after the mounts and before the runtime
 switches root. Every read and write inside the image happens in a child process that has ``chroot``-ed into that
@@ -57,21 +63,27 @@ NO_ETC = 3  # the child's exit code when the image has no /etc
 COMPAT_NOTE = ".note.cuda.fwd_compatibility"
 COMPAT_NOTE_OWNER = b"NVIDIA Corporation"
 SHT_NOTE = 7
+ONE_PARTITION = "one-partition"
 
 
 class HookError(Exception):
     pass
 
 
-def container_root(state: Any) -> Path:
-    """The root file system from the OCI state: ``<bundle>/config.json`` -> ``root.path`` (relative to the bundle)."""
+def container_config(state: Any) -> tuple[Path, Any]:
+    """The bundle directory from the OCI state, and its ``config.json``."""
     if not isinstance(state, dict) or not isinstance(state.get("bundle"), str) or not state["bundle"]:
         raise HookError("the OCI state on stdin has no bundle")
     bundle = Path(state["bundle"])
     try:
-        config = json.loads((bundle / "config.json").read_text())
+        return bundle, json.loads((bundle / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise HookError(f"cannot read {bundle / 'config.json'}: {exc}") from exc
+
+
+def container_root(state: Any) -> Path:
+    """The root file system from the OCI state: ``<bundle>/config.json`` -> ``root.path`` (relative to the bundle)."""
+    bundle, config = container_config(state)
     root = config.get("root", {}).get("path") if isinstance(config, dict) else None
     if not isinstance(root, str) or not root:
         raise HookError(f"{bundle / 'config.json'} names no root.path")
@@ -319,6 +331,28 @@ def enable_cuda_compat(state: Any, host_version: str, compat_root: str = DEFAULT
     return f"{root}: CUDA compat libraries of {out.decode()} used with driver {host_version}"
 
 
+def partitions_asked(config: Any) -> list[str]:
+    """The partition ids of the ``one-partition`` hooks in an OCI config (each partition's device adds one)."""
+    hooks = config.get("hooks", {}).get("createContainer", []) if isinstance(config, dict) else []
+    ids = set()
+    for hook in hooks if isinstance(hooks, list) else []:
+        args = hook.get("args") if isinstance(hook, dict) else None
+        if isinstance(args, list) and ONE_PARTITION in args and "--partition" in args[:-1]:
+            ids.add(str(args[args.index("--partition") + 1]))
+    return sorted(ids)
+
+
+def one_partition(state: Any, partition: str) -> str:
+    _, config = container_config(state)
+    asked = partitions_asked(config)
+    if len(asked) > 1:
+        raise HookError(
+            f"this container asks for {len(asked)} partitions ({', '.join(asked)}): give a container one partition; "
+            "each sets CUDA_VISIBLE_DEVICES (and a TDM one its MPS variables), so one would override the other's"
+        )
+    return f"partition {partition} is the container's only one"
+
+
 # ----- command line ----------------------------------------------------------------------------------------
 
 
@@ -333,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     compat = sub.add_parser("enable-cuda-compat", help="use the image's CUDA forward-compatibility libraries")
     compat.add_argument("--host-driver-version", required=True, help="the kernel module's version, e.g. 580.95.05")
     compat.add_argument("--cuda-compat-container-root", default=DEFAULT_COMPAT_ROOT, help="where they are")
+    one = sub.add_parser(ONE_PARTITION, help="refuse a container given more than one partition")
+    one.add_argument("--partition", required=True, help="the partition whose device runs this hook")
     args = parser.parse_args(argv)
     try:
         raw = sys.stdin.buffer.read(MAX_STATE_BYTES + 1)
@@ -344,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HookError(f"the OCI state on stdin is not JSON: {exc}") from exc
         if args.command == "create-symlinks":
             message = create_symlinks(state, args.link)
+        elif args.command == ONE_PARTITION:
+            message = one_partition(state, args.partition)
         elif args.command == "enable-cuda-compat":
             message = enable_cuda_compat(state, args.host_driver_version, args.cuda_compat_container_root)
         else:

@@ -23,7 +23,7 @@ from healthd.host.view import HostView
 from healthd.node import Node
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.cdi_cards import whole_card_devices
-from healthd.partition.driverlibs import discover_driver_edits
+from healthd.partition.driverlibs import builtin_hook_path, discover_driver_edits
 from healthd.partition.errors import PartitionError
 from healthd.partition.manager import PartitionManager
 from healthd.partition.metrics import PartitionCollector
@@ -95,8 +95,9 @@ class PartitionsComponent(ComponentBase):
             devices=self.devices,
             default_sharing=SharingPolicy(settings.tdm_sharing),
             out_of_service=out_of_service,
+            partition_hook=builtin_hook_path(),
         )
-        cdi.include(lambda: whole_card_devices(self.manager.cards, self.devices))
+        cdi.include(lambda: whole_card_devices(self.manager.cards, self.manager.modes, self.devices))
         self.reconciler = Reconciler(self.manager, settings.reconcile_interval_seconds, device_holders)
         self._retry: asyncio.Task[None] | None = None
         self.collector = PartitionCollector(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,6 +74,7 @@ class PartitionCreation(PartitionLedger):
             raise invalid(f"owner.lease.ttl_seconds: must be 0-{LEASE_MAX_SECONDS:g}")
         if request.owner.kind is not OwnerKind.LEASE and request.lease_ttl_seconds:
             raise invalid("ttl_seconds applies only to lease owners")
+        await self._follow_clock_steps()  # a lease made now is not moved by a step made before
         # The create runs as its own task: a caller that goes away (its deadline passed) does not cut it short
         # half-way; it finishes (or rolls back) and the row never stays 'creating'.
         task = asyncio.ensure_future(self._create_once(request))
@@ -99,6 +102,13 @@ class PartitionCreation(PartitionLedger):
                             Kind.CONFLICT,
                             f"request_id {rid[:100]!r} was used for a different request (partition {existing.id})",
                         )
+                    if existing.state is State.CREATING:  # its create passed its deadline: no env, no CDI device yet
+                        raise unavailable(
+                            f"partition {existing.id} (request_id {rid[:100]!r}) is still being created: GPU "
+                            f"{existing.gpu} has not answered; retry with the same request_id later"
+                        )
+                    if not self.card_known(existing.gpu):
+                        raise self._not_joined(existing.gpu)
                     return existing
                 return await self._create(request)
         finally:
@@ -109,6 +119,8 @@ class PartitionCreation(PartitionLedger):
                 self._request_locks[rid] = (lock, users - 1)
 
     async def _create(self, request: CreateRequest) -> PartitionRecord:
+        # what the caller sent, before the owner's process start time is added: a retry sends the same again
+        fingerprint = request.fingerprint() if request.request_id else ""
         owner = request.owner
         if owner.kind is OwnerKind.PROCESS:
             ticks = await self._host(process_start_ticks, self._proc_root, owner.pid)
@@ -118,15 +130,15 @@ class PartitionCreation(PartitionLedger):
         request = replace(request, owner=owner)
         quota = Quota(request.compute_percent, request.memory_mib)
         if request.gpu.strip().lower() == "any":
-            return await self._create_any(request, quota)
+            return await self._create_any(request, quota, fingerprint)
         gpu = self.resolve_gpu(request.gpu)
         async with self._card_locks[gpu]:
-            return await self._create_on(gpu, request, quota)
+            return await self._create_on(gpu, request, quota, fingerprint)
 
-    async def _create_any(self, request: CreateRequest, quota: Quota) -> PartitionRecord:
+    async def _create_any(self, request: CreateRequest, quota: Quota, fingerprint: str) -> PartitionRecord:
         candidates = [
             (c.gpu, Quota(100 - c.compute_percent_allocated, c.memory_total_mib - c.memory_allocated_mib))
-            for c in (self._capacity(i) for i in range(len(self._infos)))
+            for c in (self._capacity(i) for i in sorted(self._infos))
             if c.mode is not CardMode.NONE
         ]
         if not candidates:
@@ -144,7 +156,7 @@ class PartitionCreation(PartitionLedger):
         for gpu in self._order_any(candidates, quota):
             async with self._card_locks[gpu]:
                 try:
-                    return await self._create_on(gpu, request, quota)
+                    return await self._create_on(gpu, request, quota, fingerprint)
                 except PartitionError as exc:
                     if isinstance(exc, UidConflictError):
                         refused = exc
@@ -157,7 +169,7 @@ class PartitionCreation(PartitionLedger):
         assert last is not None
         raise exhausted(f"no card can hold the request: {last.message}")
 
-    async def _create_on(self, gpu: int, request: CreateRequest, quota: Quota) -> PartitionRecord:
+    async def _create_on(self, gpu: int, request: CreateRequest, quota: Quota, fingerprint: str) -> PartitionRecord:
         mode = self._modes[gpu]
         info = self._infos[gpu]
         if mode is CardMode.NONE:
@@ -178,7 +190,7 @@ class PartitionCreation(PartitionLedger):
             created_at=now,
             lease_expires_at=lease_expires,
             request_id=request.request_id,
-            request_fingerprint=request.fingerprint() if request.request_id else "",
+            request_fingerprint=fingerprint,
             client_uid=request.client_uid,
         )
         if mode is CardMode.TDM:
@@ -202,6 +214,40 @@ class PartitionCreation(PartitionLedger):
             mig_profile=record.mig.profile_name if record.mig else None,
         )
         return record
+
+    def _finish_when_answered(self, record: PartitionRecord, outcome: Future[Any]) -> None:
+        """Once a late MIG create returns (on the lane's thread), recover its row on the event loop."""
+        loop = asyncio.get_running_loop()
+
+        def answered(_: Future[Any]) -> None:
+            if loop.is_closed():
+                return  # the daemon stopped meanwhile: the next start recovers the row
+            finish = self._finish_late_create(record.id, record.gpu)
+            try:
+                loop.call_soon_threadsafe(self._spawn, finish)
+            except RuntimeError:  # closed between the check and the call
+                finish.close()
+
+        outcome.add_done_callback(answered)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    async def _finish_late_create(self, partition_id: str, gpu: int) -> None:
+        async with self._card_locks[gpu]:
+            current = self._records.get(partition_id)
+            if current is None or current.state is not State.CREATING or partition_id in self._creating:
+                return
+            try:
+                await self._recover(current)
+            except PartitionError as exc:  # the card failed again: the reconciler tries later
+                log.warning("cannot finish a late create yet", partition=partition_id, error=exc.message)
+
+    async def _recover(self, record: PartitionRecord) -> None:
+        """Finish or undo a row left in flight (PartitionManager)."""
+        raise NotImplementedError
 
     async def _start_tdm(self, record: PartitionRecord) -> PartitionRecord:
         await self._insert(record)
@@ -249,9 +295,10 @@ class PartitionCreation(PartitionLedger):
                     await self._forget(record.id)  # never made (refused, or never tried on a hung card)
                     raise
                 else:
-                    # Still in the driver, which may yet make it: keep the row (and its placement) 'creating'; the
-                    # reconciler adopts the instance once the card answers, or drops the row if none appeared.
+                    # Still in the driver, which may yet make it: keep the row (and its placement) 'creating'; it is
+                    # adopted (or dropped, if no instance appeared) as soon as the driver answers.
                     log.warning("MIG create passed its deadline; the partition stays creating", partition=record.id)
+                    self._finish_when_answered(record, outcome)
                     raise unavailable(
                         f"{exc.message}; partition {record.id} stays 'creating' until the card answers, then it "
                         "is adopted or removed"

@@ -36,13 +36,23 @@ class ContainerEdits:
 
 
 def container_edits(
-    record: PartitionRecord, *, gpu_minor: int, pipe_dir: Path | None, devices: HostDevices
+    record: PartitionRecord,
+    *,
+    gpu_minor: int,
+    pipe_dir: Path | None,
+    devices: HostDevices,
+    hook_path: str | None = None,
 ) -> ContainerEdits:
+    """``hook_path``: xpu-cdi-hook, whose ``one-partition`` verb refuses a container given two partitions (None:
+    not installed, nothing refuses)."""
+    hooks: tuple[Hook, ...] = ()
+    if hook_path is not None:
+        hooks = (Hook("createContainer", hook_path, ("xpu-cdi-hook", "one-partition", "--partition", record.id)),)
     if record.mode is CardMode.MIG:
         assert record.mig is not None
         env = {"CUDA_VISIBLE_DEVICES": record.mig.uuid}  # NVIDIA_VISIBLE_DEVICES: "void" for the spec (cdi.py)
         nodes = devices.mig_nodes(gpu_minor, record.mig.gpu_instance_id, record.mig.compute_instance_id)
-        return ContainerEdits(env=env, device_nodes=nodes)
+        return ContainerEdits(env=env, device_nodes=nodes, hooks=hooks)
     assert pipe_dir is not None
     env = {
         "CUDA_VISIBLE_DEVICES": record.gpu_uuid,
@@ -54,4 +64,4 @@ def container_edits(
     if record.memory_mib:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps_memory(record.memory_mib)}"
     mounts = (Mount(str(pipe_dir), str(pipe_dir)), Mount("/dev/shm", "/dev/shm"))
-    return ContainerEdits(env=env, mounts=mounts, device_nodes=devices.card_nodes(gpu_minor))
+    return ContainerEdits(env=env, mounts=mounts, device_nodes=devices.card_nodes(gpu_minor), hooks=hooks)

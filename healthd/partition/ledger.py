@@ -11,9 +11,11 @@ import asyncio
 import functools
 import secrets
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,10 +32,11 @@ from healthd.host.devices import HostDevices
 from healthd.partition import planner
 from healthd.partition.capacity import CardCapacity, View, card_capacity
 from healthd.partition.cdi import CdiWriter, device_name
+from healthd.partition.clock_steps import ClockSteps
 from healthd.partition.device_calls import driver
 from healthd.partition.edits import ContainerEdits, container_edits
 from healthd.partition.errors import Kind, PartitionError, invalid, not_found, unavailable
-from healthd.partition.model import CardMode, PartitionRecord, State
+from healthd.partition.model import CardMode, OwnerKind, PartitionRecord, State
 from healthd.partition.mps import MpsSupervisor
 from healthd.partition.owners import OwnerProbe
 from healthd.partition.settings import PartitionSettings
@@ -72,6 +75,8 @@ class PartitionLedger:
         out_of_service: Callable[[], AbstractSet[int]] = frozenset,  # faulty cards "any" skips
         destroy_retry_seconds: float = 5.0,  # how long a delete retries a MIG instance still in use
         creating_timeout_seconds: float = 60.0,  # a row still 'creating' this long with no create running is recovered
+        monotonic: Callable[[], float] | None = None,  # against which wall-clock steps are seen (default: see below)
+        partition_hook: str | None = None,  # xpu-cdi-hook: each partition's CDI device refuses a second partition
     ) -> None:
         if isinstance(backend, GuardedBackend):
             self.device, self._owns_device = backend, False
@@ -87,17 +92,23 @@ class PartitionLedger:
         self._order_any = order_any
         self._out_of_service = out_of_service
         self.clock = clock
+        self._partition_hook = partition_hook
+        # the real wall clock is watched for steps; an injected (test) clock has no monotonic twin unless given one
+        self._clock_steps = ClockSteps(clock, monotonic or (time.monotonic if clock is time.time else clock))
         self._new_id = new_id
         self._proc_root = proc_root
         self._snapshot = snapshot
         self._store_io = SerialExecutor("partition-store")  # SQLite and the CDI file
         self._host_io = SerialExecutor("partition-host")  # MPS control daemons, owner checks (/proc, cgroups)
         self._devices = devices or HostDevices(proc_root)  # device numbers for the CDI spec
-        self._infos: list[DeviceInfo] = []
+        self._count = 0  # cards the driver reports
+        self._infos: dict[int, DeviceInfo] = {}  # the cards that have answered (joined); the others wait
+        self._unanswered: dict[int, str] = {}  # card -> why it has not joined yet (hung, lost, failing)
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._hw_mig: dict[int, bool] = {}
         self._foreign: dict[int, tuple[MigInstance, ...]] = {}
         self._modes: dict[int, CardMode] = {}
+        self._stored_modes: dict[str, tuple[CardMode, str]] = {}  # card UUID -> (mode, TDM sharing) as stored
         self._default_sharing = default_sharing
         self._sharing: dict[int, SharingPolicy] = {}  # TDM cards' sharing policy
         self._records: dict[str, PartitionRecord] = {}
@@ -191,9 +202,10 @@ class PartitionLedger:
         return records
 
     def capacity(self, gpu_ref: str = "") -> list[CardCapacity]:
+        """One card, or every card that has answered (a card that has not is left out until it joins)."""
         if gpu_ref:
             return [self._capacity(self.resolve_gpu(gpu_ref), room=True)]
-        return [self._capacity(i, room=True) for i in range(len(self._infos))]
+        return [self._capacity(i, room=True) for i in sorted(self._infos)]
 
     def view(self) -> View:
         """The last published picture; safe to read from any thread (metrics scrapes run in the HTTP thread)."""
@@ -202,8 +214,12 @@ class PartitionLedger:
     def _publish(self) -> None:
         self._view = View(
             partitions=tuple(sorted(self._records.values(), key=lambda r: r.id)),
-            cards=tuple(self._capacity(i) for i in range(len(self._infos))),
+            cards=tuple(self._capacity(i) for i in sorted(self._infos)),
         )
+
+    def card_known(self, gpu: int) -> bool:
+        """Has the card answered since the daemon started (its partitions' edits can be made)?"""
+        return gpu in self._infos
 
     def edits(self, record: PartitionRecord) -> ContainerEdits:
         minor = self._infos[record.gpu].minor_number
@@ -213,6 +229,7 @@ class PartitionLedger:
             gpu_minor=record.gpu if isinstance(minor, Unsupported) else minor,
             pipe_dir=pipe,
             devices=self._devices,
+            hook_path=self._partition_hook,
         )
 
     def cdi_name(self, record: PartitionRecord) -> str:
@@ -239,13 +256,25 @@ class PartitionLedger:
         except InvalidField as exc:
             raise invalid(str(exc)) from None
         if parsed.index is not None:
-            if parsed.index >= len(self._infos):
-                raise not_found(f"gpu: no GPU {parsed.index} (this node has {len(self._infos)})")
+            if parsed.index >= self._count:
+                raise not_found(f"gpu: no GPU {parsed.index} (this node has {self._count})")
+            if parsed.index not in self._infos:
+                raise self._not_joined(parsed.index)
             return parsed.index
-        for info in self._infos:
+        for info in self._infos.values():
             if info.uuid.lower() == parsed.uuid.lower():
                 return info.index
-        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}")
+        waiting = (
+            f" (GPU {', '.join(map(str, sorted(self._unanswered)))} has not answered yet)" if self._unanswered else ""
+        )
+        raise not_found(f"gpu: no GPU with UUID {quote(parsed.uuid)}{waiting}")
+
+    def _not_joined(self, gpu: int) -> PartitionError:
+        why = self._unanswered.get(gpu, "not read yet")
+        return unavailable(
+            f"GPU {gpu} has not answered since the daemon started ({why}); it is partitionable once it does, the "
+            "other cards are already"
+        )
 
     def _card_sharing(self, gpu: int) -> CardSharing:
         return CardSharing(self._sharing.get(gpu, self._default_sharing), self.mps)
@@ -274,8 +303,22 @@ class PartitionLedger:
         self._records.pop(partition_id, None)
         self._publish()
 
+    async def _follow_clock_steps(self) -> None:
+        """Move every lease's stored expiry by a wall-clock step since the last look, so that leases keep running
+        for the time they were given (clock_steps.py)."""
+        step = self._clock_steps.step()
+        if not step:
+            return
+        leases = [r for r in self._records.values() if r.owner.kind is OwnerKind.LEASE and r.lease_expires_at]
+        log.warning("wall clock stepped; lease expiries follow it", step_seconds=round(step, 1), leases=len(leases))
+        for record in leases:
+            async with self._card_locks[record.gpu]:
+                current = self._records.get(record.id)
+                if current is not None and current.owner.kind is OwnerKind.LEASE and current.lease_expires_at:
+                    await self._save(replace(current, lease_expires_at=current.lease_expires_at + step))
+
     async def _write_cdi(self) -> None:
-        ready = [r for r in self._records.values() if r.state is State.READY]
+        ready = [r for r in self._records.values() if r.state is State.READY and r.gpu in self._infos]
 
         def write() -> None:
             try:
@@ -287,5 +330,11 @@ class PartitionLedger:
 
     @property
     def cards(self) -> tuple[DeviceInfo, ...]:
-        """The cards learned at start (empty before)."""
-        return tuple(self._infos)
+        """The cards that have answered, by index (empty before start)."""
+        return tuple(self._infos[i] for i in sorted(self._infos))
+
+    @property
+    def modes(self) -> dict[int, CardMode]:
+        """Each card's partition mode, for the cards that have answered (the CDI spec lists a whole-card device only
+        for mode none)."""
+        return {gpu: mode for gpu, mode in self._modes.items() if gpu in self._infos}

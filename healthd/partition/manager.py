@@ -52,40 +52,70 @@ class PartitionManager(PartitionCreation):
     # ----- start, recovery and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Learn the cards, then make stored state, MPS daemons and MIG instances agree again."""
+        """Learn how many cards there are and the stored state, then let every card join on its own: a card that
+        does not answer (hung, lost) waits, and its calls answer UNAVAILABLE naming it, while the others serve.
+        Each reconcile pass tries the waiting cards again."""
         count = await driver(self.device.aio.device_count())
-        self._infos = [await driver(self.device.aio.device_info(i)) for i in range(count)]
+        self._count = count
         self._card_locks = {i: asyncio.Lock() for i in range(count)}
-        stored = await self._store(self.store.card_modes)
-        self._modes = {info.index: stored.get(info.uuid, (CardMode.NONE, ""))[0] for info in self._infos}
-        self._sharing = {
-            info.index: SharingPolicy(stored[info.uuid][1] or SharingPolicy.ISOLATED)
-            for info in self._infos
-            if info.uuid in stored and stored[info.uuid][0] is CardMode.TDM
-        }
+        self._stored_modes = await self._store(self.store.card_modes)
         self._records = {r.id: r for r in await self._store(self.store.all)}
-        for info in self._infos:
-            try:
-                await self._refresh_hardware(info.index)
-            except PartitionError as exc:
-                log.warning("cannot read card", gpu=info.index, error=exc.message)
-                self._hw_mig.setdefault(info.index, False)
-                self._profiles.setdefault(info.index, ())
-                self._foreign.setdefault(info.index, ())
-        for record in list(self._records.values()):
-            try:
-                await self._recover(record)
-            except PartitionError as exc:  # a hung card: its rows wait for the reconciler
-                log.error("cannot recover partition yet", partition=record.id, gpu=record.gpu, error=exc.message)
+        for record in [r for r in self._records.values() if r.gpu >= count]:
+            log.error("partition's card is gone; dropping it", partition=record.id, gpu_uuid=record.gpu_uuid)
+            await self._forget(record.id)
+        await asyncio.gather(*(self._join(gpu) for gpu in range(count)))
         await self._write_cdi()
         self._publish()
         self.ready = True
-        log.info("partitions ready", partitions=len(self._records), mps=self.mps.control.name)
+        log.info(
+            "partitions ready",
+            partitions=len(self._records),
+            mps=self.mps.control.name,
+            waiting_for=sorted(self._unanswered),
+        )
+
+    async def _join(self, gpu: int) -> bool:
+        """Read the card, take its stored mode, and finish or undo its stored rows. False (and the card waits)
+        when the card does not answer."""
+        async with self._card_locks[gpu]:
+            try:
+                info = await driver(self.device.aio.device_info(gpu))
+            except PartitionError as exc:
+                if gpu not in self._unanswered:  # once: the reason's wording changes with every pass (stuck for Ns)
+                    log.warning("card not answering; partitions on it wait", gpu=gpu, error=exc.message)
+                self._unanswered[gpu] = exc.message
+                return False
+            mode, policy = self._stored_modes.get(info.uuid, (CardMode.NONE, ""))
+            self._modes[gpu] = mode
+            if mode is CardMode.TDM:
+                self._sharing[gpu] = SharingPolicy(policy or SharingPolicy.ISOLATED)
+            self._infos[gpu] = info
+            try:
+                await self._refresh_hardware(gpu)
+            except PartitionError as exc:
+                log.warning("cannot read card", gpu=gpu, error=exc.message)
+                self._hw_mig.setdefault(gpu, False)
+                self._profiles.setdefault(gpu, ())
+                self._foreign.setdefault(gpu, ())
+            for record in [r for r in self._records.values() if r.gpu == gpu]:
+                try:
+                    await self._recover(record)
+                except PartitionError as exc:  # failing again: its rows wait for the reconciler
+                    log.error("cannot recover partition yet", partition=record.id, gpu=gpu, error=exc.message)
+            joined_late = self._unanswered.pop(gpu, None) is not None
+        if joined_late:
+            log.info("card answers; its partitions are served", gpu=gpu)
+        if self.ready:  # start() writes and publishes once for every card
+            await self._write_cdi()
+            self._publish()
+        return True
 
     async def _recover(self, record: PartitionRecord) -> None:
         """Finish or undo a row after a restart, or a create that did not finish in time."""
         gpu = record.gpu
-        if gpu >= len(self._infos) or self._infos[gpu].uuid != record.gpu_uuid:
+        if gpu not in self._infos:
+            raise self._not_joined(gpu)
+        if self._infos[gpu].uuid != record.gpu_uuid:
             log.error("partition's card is gone; dropping it", partition=record.id, gpu_uuid=record.gpu_uuid)
             await self._forget(record.id)
             return
@@ -99,6 +129,7 @@ class PartitionManager(PartitionCreation):
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
                 await self._save(replace(record, state=State.READY))
+                await self._write_cdi()
             return
         # MIG: adopt our instance (also one whose create passed its deadline), or drop the row if there is none
         assert record.mig is not None
@@ -110,6 +141,8 @@ class PartitionManager(PartitionCreation):
             await self._forget(record.id)
             return
         await self._save(replace(record, state=State.READY, mig=placement_of(match)))
+        if record.state is State.CREATING:
+            await self._write_cdi()  # a runtime can resolve its CDI name from now on
         log.info("adopted MIG instance", partition=record.id, gpu=gpu, gpu_instance_id=match.gpu_instance_id)
         await self._refresh_foreign(gpu)
 
@@ -155,6 +188,7 @@ class PartitionManager(PartitionCreation):
             else:
                 self._sharing[gpu] = policy
             self._publish()
+            await self._write_cdi()  # the whole-card device is listed for mode none only
             log.info("card mode set", gpu=gpu, mode=str(mode), previous=str(current), sharing=str(policy or ""))
             return self._capacity(gpu, room=True)
 
@@ -208,6 +242,7 @@ class PartitionManager(PartitionCreation):
         return True
 
     async def renew_lease(self, partition_id: str, ttl_seconds: float) -> PartitionRecord:
+        await self._follow_clock_steps()
         record = self.get(partition_id)
         if record.owner.kind is not OwnerKind.LEASE:
             raise precondition(f"partition {partition_id} is owned by {record.owner.describe()}, not a lease")
@@ -223,7 +258,11 @@ class PartitionManager(PartitionCreation):
         """One pass, card by card: finish deletes and stale creates, reclaim partitions whose owner is gone,
         look for foreign MIG instances; then restart dead MPS daemons. A card that fails is counted and skipped."""
         reclaimed: list[str] = []
-        for gpu in range(len(self._infos)):
+        await self._follow_clock_steps()
+        for gpu in range(self._count):
+            if gpu not in self._infos and not await self._join(gpu):
+                self.reconcile_failures[f"gpu {gpu}"] += 1
+                continue
             try:
                 reclaimed += await self._reconcile_card(gpu)
             except Exception as exc:  # one card (hung, failing) must never stop the others

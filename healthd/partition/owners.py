@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
+from exporter.attribution.kubelet import DeviceListing
 from healthd.partition.model import Owner, OwnerKind
 
 PodExists = Callable[[str, str], "bool | None"]  # (namespace, name) -> True/False, None when unknown
 # (resource name, device id) -> (namespace, pod, container) for every device kubelet lists; None when unknown
-DeviceHolders = Callable[[], "Mapping[tuple[str, str], tuple[str, str, str]] | None"]
+DeviceHolders = Callable[[], "DeviceListing | None"]
 
 CGROUP_SEARCH_DEPTH = 8
 
@@ -61,7 +62,7 @@ class OwnerProbe:
                 holders = self.device_holders() if self.device_holders is not None else None
                 if holders is None:
                     return None
-                holder = holders.get((owner.resource_name, owner.device_id))
+                holder = holders.holders.get((owner.resource_name, owner.device_id))
                 return holder is not None and holder[:2] == (owner.namespace, owner.pod)
             case OwnerKind.POD:
                 if self.pod_exists is None:

@@ -5,6 +5,10 @@ lease that names the device id it handed out (LeaseOwner.kubelet_device). Kubele
 under the pod and container it went to as soon as the pod is admitted; each reconcile pass looks, and makes that
 pod the owner (PodOwner with the same device). From then on the partition lives while kubelet lists the device for
 that pod. A pod that never appears (its admission failed after Allocate) leaves the lease to run out: reclaimed.
+
+Only a List sent after the partition was created can say whose it is: an older one may still show the device under
+the pod that had it before (a slot reused at once), and binding to that pod would get the partition deleted under
+the new pod once the old one's entry goes.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ async def bind_to_pods(manager: PartitionManager, holders: DeviceHolders) -> lis
         owner = record.owner
         if owner.kind is not OwnerKind.LEASE or not owner.device_id or record.state is not State.READY:
             continue
-        holder = listed.get((owner.resource_name, owner.device_id))
+        if listed.listed_at <= record.created_at:
+            continue  # asked before this partition existed: it may name the device's previous pod
+        holder = listed.holders.get((owner.resource_name, owner.device_id))
         if holder is None:
             continue
         namespace, pod, container = holder

@@ -66,7 +66,7 @@ def _kubelet_device_pb(owner: Owner) -> pb.KubeletDevice | None:
 
 
 def partition_to_pb(manager: PartitionManager, r: PartitionRecord) -> pb.Partition:
-    edits = manager.edits(r) if r.state.value == "ready" else None
+    edits = manager.edits(r) if r.state.value == "ready" and manager.card_known(r.gpu) else None
     msg = pb.Partition(
         id=r.id,
         gpu=r.gpu,

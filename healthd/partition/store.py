@@ -65,6 +65,10 @@ class Store:
             self.all()
         except (ValueError, KeyError, TypeError) as exc:  # a row that does not decode (bad JSON, mode, owner)
             raise UnreadableContent(f"a row cannot be read: {exc!r}"[:200]) from None
+        except sqlite3.OperationalError as exc:  # text that is no longer UTF-8 (a flipped byte the check missed)
+            if "decode" not in str(exc):
+                raise
+            raise UnreadableContent(f"a row cannot be read: {exc}"[:200]) from None
 
     def close(self) -> None:
         with self._lock:

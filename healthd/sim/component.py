@@ -10,7 +10,7 @@ boots with, and the proc tree, kubelet log directories and pod-resources socket 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
@@ -24,6 +24,7 @@ from healthd.host.simulated_devices import write_driver_tables
 from healthd.host.view import HostView, SimulatedFiles
 from healthd.node import Node
 from healthd.rpc.server import Service
+from healthd.sim.mig_state import SimulatedMigState
 from healthd.sim.node import SimulatedNode
 from healthd.sim.service import SimulationService
 
@@ -45,6 +46,8 @@ class SimulatedMachine:
         self.backend = backend
         self.files = files
         self.node = SimulatedNode(backend, files.node_root, serve_kubelet=files.serve_kubelet)
+        self.mig_state = SimulatedMigState(backend, files.mig_state)
+        self._unwatch: Callable[[], None] | None = None
 
     def start(self) -> None:
         scenario = self.backend.scenario
@@ -54,11 +57,21 @@ class SimulatedMachine:
             shutil.rmtree(sysfs, ignore_errors=True)
             sysfs.mkdir(parents=True)
         write_driver_tables(self.files.driver_root)
-        log.info("simulated node", files=str(self.files.node_root.parent), sysfs_root=str(sysfs))
+        restored = self.mig_state.restore()  # the driver kept them while the daemon was down
+        self._unwatch = self.backend.watch_workloads(self.mig_state.save)
+        log.info(
+            "simulated node",
+            files=str(self.files.node_root.parent),
+            sysfs_root=str(sysfs),
+            mig_instances=restored,
+        )
         self.node.start()
 
     def stop(self) -> None:
         self.node.stop()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
 
 class SimulationComponent(ComponentBase):

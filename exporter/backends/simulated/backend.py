@@ -10,12 +10,18 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import exporter.backends.simulated.card as model
 import exporter.backends.simulated.mig as mig
 import exporter.backends.simulated.profiling as profiling_model
-from exporter.backends.errors import DriverUnavailableError, GpuLostError, NotFoundError, VersionMismatchError
+from exporter.backends.errors import (
+    BackendError,
+    DriverUnavailableError,
+    GpuLostError,
+    NotFoundError,
+    VersionMismatchError,
+)
 from exporter.backends.scenario import Scenario, load_scenario
 from exporter.backends.simulated.card import Card, PodPlacement, Proc, SimulatedWorkload
 from exporter.backends.simulated.injector import SimulatedInjector
@@ -330,6 +336,45 @@ class SimulatedBackend:
         with card.lock:
             mig.destroy_gi(card, gpu_instance_id)
         self._workloads_changed()
+
+    def mig_layout(self) -> dict[int, tuple[tuple[int, int, int], ...]]:
+        """Simulation only: each MIG card's GPU instances as (gpu instance id, profile id, placement start)."""
+        layout = {}
+        for card in self._cards:
+            with card.lock:
+                if card.mig_current:
+                    gis = sorted(card.mig.values(), key=lambda g: g.gpu_instance_id)
+                    layout[card.index] = tuple((g.gpu_instance_id, g.profile.profile_id, g.start) for g in gis)
+        return layout
+
+    def restore_mig_layout(self, layout: Mapping[int, Sequence[tuple[int, int, int]]]) -> list[str]:
+        """Simulation only: make each listed card's GPU instances what ``layout`` says (same ids, so the same
+        UUIDs), as the driver keeps them across a daemon restart: instances not listed go (unless a process uses
+        them), listed ones are made. What cannot be done is skipped and said in the list returned."""
+        skipped = []
+        for index, instances in layout.items():
+            if not 0 <= index < len(self._cards):
+                skipped.append(f"GPU {index}: no such card")
+                continue
+            card = self._cards[index]
+            wanted = set(instances)
+            with card.lock:
+                for gi in list(card.mig.values()):
+                    if (gi.gpu_instance_id, gi.profile.profile_id, gi.start) not in wanted:
+                        try:
+                            mig.destroy_gi(card, gi.gpu_instance_id)
+                        except BackendError as exc:
+                            skipped.append(f"GPU {index} GPU instance {gi.gpu_instance_id}: {exc}")
+                have = {(g.gpu_instance_id, g.profile.profile_id, g.start) for g in card.mig.values()}
+                for gi_id, profile_id, start in instances:
+                    if (gi_id, profile_id, start) in have:
+                        continue
+                    try:
+                        mig.create_gi(card, self.scenario.mig_profiles, profile_id, start, gi_id)
+                    except BackendError as exc:
+                        skipped.append(f"GPU {index} GPU instance {gi_id}: {exc}")
+        self._workloads_changed()
+        return skipped
 
     # ----- events and faults: injector.py ------------------------------------------------------------------
 

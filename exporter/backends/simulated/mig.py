@@ -26,8 +26,11 @@ def _slices(gi: MigGi) -> range:
     return range(gi.start, gi.start + placement_size(gi.profile, gi.start))
 
 
-def create_gi(card: Card, profiles: tuple[MigProfile, ...], profile_id: int, start: int) -> MigGi:
-    """A new GPU instance of ``profile_id`` at memory slice ``start``, refused as NVML would refuse it."""
+def create_gi(
+    card: Card, profiles: tuple[MigProfile, ...], profile_id: int, start: int, gpu_instance_id: int | None = None
+) -> MigGi:
+    """A new GPU instance of ``profile_id`` at memory slice ``start``, refused as NVML would refuse it.
+    ``gpu_instance_id``: the id it had (an instance made again after a daemon restart); else the lowest free one."""
     call = "nvmlDeviceCreateGpuInstanceWithPlacement"
     if not card.mig_current:
         raise InvalidStateError(f"MIG mode is disabled on GPU {card.index}", call=call)
@@ -54,7 +57,9 @@ def create_gi(card: Card, profiles: tuple[MigProfile, ...], profile_id: int, sta
     compute = sum(g.profile.slice_count for g in card.mig.values())
     if compute + profile.slice_count > COMPUTE_SLICES:
         raise InsufficientResourcesError(f"not enough compute slices left on GPU {card.index}", call=call)
-    gi_id = next(i for i in range(1, 64) if i not in card.mig)
+    if gpu_instance_id is not None and gpu_instance_id in card.mig:
+        raise InvalidStateError(f"GPU instance {gpu_instance_id} exists on GPU {card.index}", call=call)
+    gi_id = gpu_instance_id if gpu_instance_id is not None else next(i for i in range(1, 64) if i not in card.mig)
     digest = hashlib.sha1(f"{card.uuid}/{gi_id}/{start}/{profile_id}".encode()).hexdigest()
     uuid = f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
     gi = MigGi(gpu_instance_id=gi_id, profile=profile, start=start, uuid=uuid)

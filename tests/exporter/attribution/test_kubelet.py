@@ -236,3 +236,18 @@ def test_pod_exists_answers_from_the_last_listing(sock: Path, kubelet_server: An
         assert client.pod_exists("inf", "a") is None, "kubelet gone: unknown, so nothing is reclaimed by mistake"
     finally:
         client.stop()
+
+
+def test_device_holders_say_when_kubelet_was_asked(sock: Path, kubelet_server: Any) -> None:
+    """The time is taken before the List is sent: the answer reflects every Allocate that returned before it."""
+    times = iter([100.0, 101.0, 102.0, 103.0])  # before the List, then when it answered (last_success)
+    client = KubeletPodResources(sock, refresh_interval=60, clock=lambda: next(times))
+    try:
+        assert client.device_holders() is None  # not asked yet
+        client.refresh()
+        listing = client.device_holders()
+    finally:
+        client.stop()
+    assert listing is not None and listing.listed_at == 100.0
+    assert client.view().last_success == 101.0
+    assert listing.holders[("nvidia.com/mig-3g.71gb", MIG)] == ("nb", "j", "kernel")

@@ -98,6 +98,28 @@ def test_hung_nvlink_read_is_bounded_and_not_repeated(node: tuple[SimulatedBacke
     refresher.stop()
 
 
+def test_a_topology_with_a_card_whose_peers_timed_out_is_collected_again_soon(
+    node: tuple[SimulatedBackend, Sampler, Path],
+) -> None:
+    """Not after ``refresh_seconds`` (an hour): until then the card's NVLinks would read as PCIe paths."""
+    backend, sampler, root = node
+    backend.inject("hang", 3, {"call": "nvlink_peers"})
+    device = _guarded(backend, 0.2)
+    settings = TopologySettings(deadline_seconds=5.0, refresh_seconds=3600)
+    refresher = TopologyRefresher(device, sampler.latest, settings, sysfs_root=root, retry_seconds=0.2)
+    refresher.start()
+    try:
+        assert eventually(lambda: (t := refresher.latest()) is not None and t.unread == (3,), 10.0)
+        first = refresher.latest()
+        assert first is not None and first.link(3, 4).label != "NV18"
+        backend.clear()
+        assert eventually(lambda: (t := refresher.latest()) is not None and t.unread == (), 10.0)
+        again = refresher.latest()
+        assert again is not None and again.link(3, 4).label == "NV18" and again.warnings == ()
+    finally:
+        refresher.stop()
+
+
 class _StuckBackend(SimulatedBackend):
     """nvlink_peers blocks until released, ignoring per-card hang injection (to pass the whole deadline)."""
 

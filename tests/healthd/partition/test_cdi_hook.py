@@ -229,3 +229,28 @@ def test_the_compat_libcuda_is_the_one_the_container_loads(tmp_path: Path) -> No
     assert libcuda[0] == "/usr/local/cuda-13.1/compat/libcuda.so.1", listing
     assert f"{tree.lib_dir}/libcuda.so.1" in libcuda
     assert os.readlink(inside / "libcuda.so") == "libcuda.so.1"
+
+
+def one_partition_hook(partition: str) -> dict[str, object]:
+    hook = builtin_hook_path()
+    return {"path": hook, "args": ["xpu-cdi-hook", "one-partition", "--partition", partition]}
+
+
+@pytest.mark.parametrize("asked", [["p-aaa"], ["p-aaa", "p-aaa"], ["p-aaa", "p-bbb"], ["p-aaa", "p-bbb", "p-ccc"]])
+def test_one_partition_refuses_a_second_partition(tmp_path: Path, asked: list[str]) -> None:
+    b = tmp_path / "bundle"
+    b.mkdir()
+    other = {"path": "/bin/true", "args": ["true", "--partition", "p-zzz"]}  # not ours: not counted
+    config = {"root": {"path": "rootfs"}, "hooks": {"createContainer": [other, *map(one_partition_hook, asked)]}}
+    (b / "config.json").write_text(json.dumps(config))
+    done = run_verb(state_of(b), "one-partition", "--partition", asked[0])
+    distinct = sorted(set(asked))
+    if len(distinct) == 1:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == [
+            f"xpu-cdi-hook: this container asks for {len(distinct)} partitions ({', '.join(distinct)}): give a "
+            "container one partition; each sets CUDA_VISIBLE_DEVICES (and a TDM one its MPS variables), so one would "
+            "override the other's"
+        ]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from exporter.attribution.kubelet import DeviceListing
 from healthd.partition import planner
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.errors import Kind, PartitionError
@@ -24,9 +25,15 @@ RESOURCE = "xpu-runtime-kit.io/mig-1g.18gb"
 Holders = dict[tuple[str, str], tuple[str, str, str]]
 
 
-def build(node: Node, kubelet: list[Holders | None]) -> tuple[PartitionManager, Reconciler]:
-    def holders() -> Holders | None:
-        return kubelet[0]
+def build(
+    node: Node, kubelet: list[Holders | None], listed_at: list[float] | None = None
+) -> tuple[PartitionManager, Reconciler]:
+    """``kubelet[0]``: what kubelet lists; asked now, unless ``listed_at[0]`` says when the cached List was sent."""
+
+    def holders() -> DeviceListing | None:
+        if kubelet[0] is None:
+            return None
+        return DeviceListing(kubelet[0], listed_at[0] if listed_at else node.clock())
 
     manager = PartitionManager(
         node.backend,
@@ -84,6 +91,42 @@ def test_lease_is_rebound_to_the_pod_and_reclaimed_when_kubelet_drops_the_device
         kubelet[0] = {(RESOURCE, "slot-a"): ("team", "train-1", "worker")}
         assert await reconciler.run_once() == [p.id]
         assert node.backend.mig_instances(6) == ()
+
+    asyncio.run(go())
+
+
+def test_a_slot_reused_at_once_is_bound_only_from_a_list_asked_after_the_create(
+    make_node: Callable[[str], Node],
+) -> None:
+    """Pod A had slot-a and ended; kubelet gave slot-a to pod B at once. The cached List, asked before B's partition
+    was made, still names A: binding from it would give B's partition to A, then reclaim it under B."""
+    node = make_node("h200x8")
+    kubelet: list[Holders | None] = [{(RESOURCE, "slot-a"): ("team", "a", "worker")}]
+    asked = [node.clock()]
+    manager, reconciler = build(node, kubelet, asked)
+
+    async def go() -> None:
+        await manager.start()
+        await manager.set_mode("6", CardMode.MIG)
+        node.clock.advance(1)
+        first = await manager.create(CreateRequest(claim("slot-a"), "6", 12, 16384, lease_ttl_seconds=120))
+        node.clock.advance(1)
+        asked[0] = node.clock()
+        await reconciler.run_once()
+        assert manager.get(first.id).owner.pod == "a"
+        node.clock.advance(1)
+        second = await manager.create(CreateRequest(claim("slot-a"), "6", 12, 16384, lease_ttl_seconds=120))
+        node.clock.advance(5)  # A is gone, B has the slot; the cache is still the List asked before B's create
+        await reconciler.run_once()
+        assert manager.get(second.id).owner.kind is OwnerKind.LEASE, "bound from a List older than the partition"
+        kubelet[0] = {(RESOURCE, "slot-a"): ("team", "b", "worker")}
+        asked[0] = node.clock()
+        await reconciler.run_once()
+        assert manager.get(second.id).owner.pod == "b"
+        node.clock.advance(75)  # past the owner grace: A's partition goes, B's stays with B
+        reclaimed = await reconciler.run_once()
+        assert first.id in reclaimed and second.id not in reclaimed
+        assert manager.get(second.id).owner.pod == "b"
 
     asyncio.run(go())
 

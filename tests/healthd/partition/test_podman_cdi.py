@@ -28,6 +28,7 @@ from exporter.backends.simulated import SimulatedBackend
 from healthd.host.devices import DeviceNode
 from healthd.host.simulated_devices import gpu_instance_minor, simulated_host_devices, write_driver_tables
 from healthd.partition.cdi import CdiWriter
+from healthd.partition.cdi_cards import whole_card_devices
 from healthd.partition.driverlibs import builtin_hook_path, discover, driver_edits
 from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, Owner, OwnerKind, PartitionRecord
@@ -63,11 +64,13 @@ mount -t tmpfs -o mode=0755 tmpfs "$run"
 mkdir "$run/cdi"
 mount --bind "$CDI_DIR" "$run/cdi"
 if [ -d /etc/cdi ]; then mount -t tmpfs tmpfs /etc/cdi; fi
+set --
+for d in $DEVICE; do set -- "$@" --device "xpu-runtime-kit.io/gpu=$d"; done
 exec podman --root "$WORK/storage" --runroot "$run/podman" --tmpdir "$run/libpod" --storage-driver vfs \\
   --runtime runc --cgroup-manager cgroupfs --events-backend none \\
   run --rm --network none --security-opt apparmor=unconfined --security-opt label=disable \\
   --ulimit "nofile=$LIMIT:$LIMIT" --ulimit "nproc=$LIMIT:$LIMIT" \\
-  --device "xpu-runtime-kit.io/gpu=$DEVICE" --rootfs "$ROOTFS" /bin/sh /probe.sh
+  "$@" --rootfs "$ROOTFS" /bin/sh /probe.sh
 """
 
 
@@ -115,15 +118,19 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     backend = SimulatedBackend.from_name("h200x8")
     backend.open()
     write_driver_tables(work / "simulated-driver")
+    devices = simulated_host_devices(work / "simulated-driver")
+    cdi = CdiWriter(work / "cdi", common=common)
     manager = PartitionManager(
         backend,
         Store(work / "partitions.sqlite"),
         MpsSupervisor(SimulatedMpsControl(), work / "run"),
-        CdiWriter(work / "cdi", common=common),
+        cdi,
         OwnerProbe(cgroup_root=work / "cgroup", clock=lambda: 1_800_000_000.0),
         clock=lambda: 1_800_000_000.0,
-        devices=simulated_host_devices(work / "simulated-driver"),
+        devices=devices,
+        partition_hook=builtin_hook_path(),  # as the daemon does: each partition refuses a second one
     )
+    cdi.include(lambda: whole_card_devices(manager.cards, manager.modes, devices))  # as the daemon does
     owner = Owner(OwnerKind.LEASE, holder="podman-test")
 
     async def make() -> tuple[PartitionRecord, PartitionRecord]:
@@ -150,7 +157,7 @@ class Seen:
     links: dict[str, str]  # development link -> its target
 
 
-def run_in_container(s: Setup, device: str) -> Seen:
+def podman(s: Setup, device: str) -> subprocess.CompletedProcess[str]:
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     limit = 4096 if limit == resource.RLIM_INFINITY else min(limit, 4096)  # never above the hard limit we have
     env = {
@@ -161,7 +168,7 @@ def run_in_container(s: Setup, device: str) -> Seen:
         "DEVICE": device,
         "LIMIT": str(limit),
     }
-    result = subprocess.run(
+    return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", RUN_PODMAN],
         env=env,
         capture_output=True,
@@ -169,6 +176,10 @@ def run_in_container(s: Setup, device: str) -> Seen:
         timeout=300,
         check=False,
     )
+
+
+def run_in_container(s: Setup, device: str) -> Seen:
+    result = podman(s, device)
     assert result.returncode == 0, f"podman failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr}"
     sections: dict[str, list[str]] = {}
     current = ""
@@ -219,7 +230,8 @@ def test_spec_is_what_debian_podman_loads(setup: Setup) -> None:
     spec = json.loads((setup.cdi_dir / "xpu-runtime-kit.io-gpu.json").read_text())
     assert spec["cdiVersion"] == "0.3.0"
     assert {setup.tdm.id, setup.mig.id} <= {d["name"] for d in spec["devices"]}
-    assert len(spec["devices"]) == 3  # and the first MIG partition, made so the tested one is not GPU instance 1
+    # the first MIG partition (made so the tested one is not GPU instance 1), and the six cards in mode none
+    assert len(spec["devices"]) == 3 + 6
 
 
 def test_tdm_partition_in_a_container(setup: Setup) -> None:
@@ -262,3 +274,27 @@ def test_mig_partition_in_a_container(setup: Setup) -> None:
     )
     assert not any(Path(p).exists() for p in caps)  # nothing on the host: podman made them from the spec
     check_driver_files(setup, seen)
+
+
+def test_a_whole_card_in_mode_none_in_a_container(setup: Setup) -> None:
+    info = setup.manager.cards[0]
+    seen = run_in_container(setup, info.uuid)
+    assert seen.devices["/dev/nvidia0"] == ("character special file", 195, 0, 0o666)
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in seen.env
+
+
+@pytest.mark.parametrize("gpu", [3, 6], ids=["tdm", "mig"])
+def test_a_partitioned_card_cannot_be_had_whole(setup: Setup, gpu: int) -> None:
+    """A whole-card device for a TDM card would bypass every quota on it; for a MIG card, every instance."""
+    result = podman(setup, setup.manager.cards[gpu].uuid)
+    assert result.returncode != 0
+    assert "unresolvable CDI devices" in result.stderr, result.stderr
+    assert setup.manager.cards[gpu].uuid in result.stderr
+
+
+def test_two_partitions_in_one_container_are_refused(setup: Setup) -> None:
+    """Both would set CUDA_VISIBLE_DEVICES, and the TDM one its MPS variables: one partition's hook refuses."""
+    result = podman(setup, f"{setup.tdm.id} {setup.mig.id}")
+    assert result.returncode != 0
+    assert f"asks for 2 partitions ({', '.join(sorted([setup.tdm.id, setup.mig.id]))})" in result.stderr, result.stderr
+    assert "give a container one partition" in result.stderr

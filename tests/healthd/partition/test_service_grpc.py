@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,6 +101,21 @@ def test_request_id_makes_retries_idempotent_under_concurrency(daemon: Daemon) -
     assert len(ids) == 1
     other = pb.CreatePartitionRequest(owner=lease(), gpu="2", compute_percent=40, request_id="retry-1")
     assert code_of(stub(daemon.admin).CreatePartition, other) == grpc.StatusCode.ALREADY_EXISTS
+    clear(daemon, "2")
+
+
+def test_the_docs_retry_with_a_process_owner_returns_the_same_partition(daemon: Daemon) -> None:
+    """docs/partitioning.md's `--owner-pid $$ --request-id job-17`: the daemon adds the process's start time to the
+    owner it stores, but a retry is compared with what the caller sent, so it gets the same partition."""
+    set_mode(daemon, "2", pb.PARTITION_MODE_TDM)
+    clear(daemon, "2")
+    owner = pb.Owner(process=pb.ProcessOwner(pid=os.getpid()))
+    request = pb.CreatePartitionRequest(owner=owner, gpu="2", compute_percent=20, request_id="job-17")
+    first = stub(daemon.admin).CreatePartition(request, timeout=20)
+    again = stub(daemon.admin).CreatePartition(request, timeout=20)
+    assert again.id == first.id and again.state == first.state
+    changed = pb.CreatePartitionRequest(owner=owner, gpu="2", compute_percent=30, request_id="job-17")
+    assert code_of(stub(daemon.admin).CreatePartition, changed) == grpc.StatusCode.ALREADY_EXISTS
     clear(daemon, "2")
 
 

@@ -4,6 +4,7 @@ hung cards that must not stop reconcile for the others, mode changes on cards th
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
@@ -235,3 +236,35 @@ async def _eventually(condition: Callable[[], bool], within: float = 10.0) -> bo
             return True
         await asyncio.sleep(0.02)
     return condition()
+
+
+def test_a_late_mig_create_is_in_the_cdi_spec_once_adopted_and_retries_wait_for_it(
+    tmp_path: Path, backend: SimulatedBackend
+) -> None:
+    """No reconcile pass and no clock step: the driver's late answer alone adopts the instance and writes the spec.
+    Until then a retry with the same request_id answers UNAVAILABLE (no env and no CDI device exist yet)."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        m = make_manager(tmp_path, backend, clock)
+        await m.start()
+        await m.set_mode("6", CardMode.MIG)
+        backend.inject("hang", 6, {"call": "create_mig_instance"})
+        request = CreateRequest(LEASE, "6", 10, 10240, request_id="job-6", lease_ttl_seconds=600)
+        with pytest.raises(PartitionError) as late:
+            await m.create(request)
+        assert late.value.kind is Kind.UNAVAILABLE
+        (row,) = rows(m)
+        with pytest.raises(PartitionError) as retry:
+            await m.create(request)
+        assert retry.value.kind is Kind.UNAVAILABLE
+        assert row.id in retry.value.message and "still being created" in retry.value.message
+        backend.clear(6)
+        assert await _eventually(lambda: m.get(row.id).state is State.READY)
+        spec = json.loads((tmp_path / "cdi" / "xpu-runtime-kit.io-gpu.json").read_text())
+        assert row.id in {d["name"] for d in spec["devices"]}
+        again = await m.create(request)
+        assert again.id == row.id and again.state is State.READY and m.edits(again).env["CUDA_VISIBLE_DEVICES"]
+        await m.close()
+
+    asyncio.run(go())
