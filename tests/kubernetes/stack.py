@@ -90,6 +90,7 @@ def stack(
     plugin_config: str = "",
     daemon_extra: str = "",
     kubelet_clock: Callable[[], float] = time.monotonic,
+    start_daemon: bool = True,
 ) -> Iterator[tuple[DaemonProcess, KubeletDouble, PluginProcess]]:
     # unix socket paths are short: the kubelet directory lives in /tmp, not in pytest's deep tmp
     short = Path(tempfile.mkdtemp(prefix="xdp-", dir="/tmp"))
@@ -101,7 +102,8 @@ def stack(
     )
     plugin: PluginProcess | None = None
     try:
-        daemon.start()
+        if start_daemon:
+            daemon.start()
         plugin = PluginProcess(
             daemon,
             kubelet.dir,

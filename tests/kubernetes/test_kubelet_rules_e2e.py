@@ -89,6 +89,18 @@ def test_stream_drop_and_a_missing_kubelet_socket(tmp_path: Path) -> None:
         assert plugin.proc is not None and plugin.proc.poll() is None
 
 
+@pytest.mark.timeout(180)
+def test_the_plugin_serves_before_the_daemon_answers_and_cards_join_when_it_does(tmp_path: Path) -> None:
+    scenario = str(scenario_without_mig(tmp_path))
+    with stack(tmp_path, scenario=scenario, start_daemon=False) as (daemon, kubelet, plugin):
+        # no daemon yet: the resource is registered anyway, with nothing in it (not withheld until every card is read)
+        kubelet.wait(lambda: GPU in kubelet.plugins, "the gpu resource registered without a daemon")
+        assert kubelet.devices(GPU) == []
+        daemon.start()
+        kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 8, "the cards join once the daemon answers")
+        assert logged(plugin, "daemon reachable")
+
+
 @pytest.mark.timeout(240)
 def test_a_frozen_daemon_turns_every_device_unhealthy_until_it_answers(tmp_path: Path) -> None:
     config = "[daemon]\ngrace_seconds = 6\n" + SHAPES
