@@ -49,7 +49,7 @@ def test_stream_drop_and_a_missing_kubelet_socket(tmp_path: Path) -> None:
     clock = FakeClock(1000.0)
     config = "[kubelet]\nstream_grace_seconds = 2\n"
     scenario = str(scenario_without_mig(tmp_path))
-    with stack(tmp_path, scenario=scenario, plugin_config=config, kubelet_clock=clock) as (daemon, kubelet, plugin):
+    with stack(tmp_path, scenario=scenario, plugin_config=config, kubelet_clock=clock) as (_, kubelet, plugin):
         kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 8, "8 healthy cards")
         request = kubelet.plugin(GPU).request
         assert request.endpoint == "xpu-runtime-kit.io_gpu.sock"  # one prefix, from the resource name
@@ -137,7 +137,7 @@ def test_a_frozen_daemon_turns_every_device_unhealthy_until_it_answers(tmp_path:
         kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 7, "healthy again once the daemon answers", timeout=60)
         kubelet.wait(lambda: len(kubelet.healthy(TDM)) == 4, "slots healthy again")
         assert logged(plugin, "the daemon answers again; devices follow its health")
-        ids, response = kubelet.admit("team", "after", "main", TDM, 1)
+        _, response = kubelet.admit("team", "after", "main", TDM, 1)
         assert response.envs["XPU_PARTITION_ID"].startswith("p-")
 
 

@@ -70,8 +70,8 @@ def is_extended_resource_name(name: str) -> bool:
     return not native and not name.startswith("requests.") and is_qualified_name("requests." + name)
 
 
-class EndpointStopped(Exception):
-    pass
+class DeviceManagerError(Exception):
+    """An error kubelet's device manager returns (a stopped endpoint, an unregistered or short resource)."""
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Endpoint:
 
     def _check(self) -> None:
         if self.stopped():
-            raise EndpointStopped(f"endpoint {self.resource} has been stopped")
+            raise DeviceManagerError(f"endpoint {self.resource} has been stopped")
 
     def get_preferred_allocation(self, available: list[str], must: list[str], size: int) -> Any:
         self._check()
@@ -288,17 +288,17 @@ class DeviceManager:
         with self.cond:
             endpoint = self.endpoints.get(resource)
         if endpoint is None:
-            raise EndpointStopped(f"unknown Device Plugin {resource}")
+            raise DeviceManagerError(f"unknown Device Plugin {resource}")
         return endpoint
 
     def devices_to_allocate(self, resource: str, count: int) -> list[str]:
         """devicesToAllocate: healthy minus allocated; the plugin's preference first, then any."""
         with self.cond:
             if resource not in self.healthy:
-                raise EndpointStopped(f"cannot allocate unregistered device {resource}")
+                raise DeviceManagerError(f"cannot allocate unregistered device {resource}")
             available = sorted(self.healthy[resource] - self.allocated.get(resource, set()))
         if len(available) < count:
-            raise EndpointStopped(f"requested number of devices unavailable for {resource}: {len(available)}")
+            raise DeviceManagerError(f"requested number of devices unavailable for {resource}: {len(available)}")
         endpoint = self.endpoint(resource)
         chosen: list[str] = []
         if count < len(available) and endpoint.options.get_preferred_allocation_available:
@@ -318,7 +318,7 @@ class _Registration(kpb_grpc.RegistrationServicer):
     def __init__(self, manager: DeviceManager) -> None:
         self._m = manager
 
-    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
         error = self._m.register(request)
         if error is not None:
             context.abort(grpc.StatusCode.UNKNOWN, error)  # a Go error returned from a handler: Unknown

@@ -23,10 +23,9 @@ from typing import Any
 
 import grpc
 
-from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
 from exporter.attribution.api.podresources.v1 import api_pb2 as prpb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc as prpb_grpc
-from tests.support.kubelet_devicemanager import DeviceManager, Endpoint, EndpointStopped
+from tests.support.kubelet_devicemanager import DeviceManager, DeviceManagerError, Endpoint
 
 
 @dataclass
@@ -175,7 +174,7 @@ class KubeletDouble:
             self.manager.allocated[resource] = held
         try:
             ids = self.manager.devices_to_allocate(resource, count)
-        except EndpointStopped as exc:
+        except DeviceManagerError as exc:
             raise AssertionError(f"kubelet double: {exc}") from None
         try:
             response = self.allocate(resource, ids)
@@ -215,8 +214,8 @@ class _Lister(prpb_grpc.PodResourcesListerServicer):
     def __init__(self, kubelet: KubeletDouble) -> None:
         self._k = kubelet
 
-    def List(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def List(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self._k.list_response()
 
-    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         return prpb.AllocatableResourcesResponse()

@@ -37,7 +37,7 @@ class _Partitions(ppb_grpc.PartitionsServicer):
     def __init__(self, node: _Node) -> None:
         self._n = node
 
-    async def GetCapacity(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def GetCapacity(self, request: Any, context: Any) -> Any:
         if not request.gpu and self._n.hung:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "partitions are not serving yet")
         if request.gpu in self._n.hung:
@@ -45,12 +45,12 @@ class _Partitions(ppb_grpc.PartitionsServicer):
         wanted = [request.gpu] if request.gpu else UUIDS
         return ppb.GetCapacityResponse(cards=[self._n.card(u) for u in wanted])
 
-    async def ListPartitions(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def ListPartitions(self, request: Any, context: Any) -> Any:
         return ppb.ListPartitionsResponse()
 
 
 class _Topology(tpb_grpc.TopologyServicer):
-    async def Get(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Get(self, request: Any, context: Any) -> Any:
         return tpb.GetTopologyResponse(gpus=[tpb.TopologyGpu(index=i, uuid=u) for i, u in enumerate(UUIDS)])
 
 
