@@ -18,14 +18,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from container.core.inventory import Card, NodeView, ProfileRoom
-from container.core.liveness import DaemonLiveness
 from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
 from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
 from container.deviceplugin.resources import Context, Slices, WholeCards, parse_slot
 from container.deviceplugin.runtime_answer import RuntimeAnswer
 from container.deviceplugin.server import Changes, DevicePluginService, StreamCount, socket_name
 from healthd.api.v1 import partitions_pb2 as ppb
-from tests.support.clock import FakeClock
 
 UUIDS = [f"GPU-{i}" for i in range(4)]
 SLOTS = 7
@@ -191,17 +189,3 @@ def test_preferred_allocation_is_a_sane_answer_or_a_clear_refusal(
     assert len(ids) == len(set(ids)) <= size
     assert ids[: len(must)] == must[:size]  # must_include first
     assert set(ids) <= set(must) | (set(available) & set(SLOT_IDS))
-
-
-def test_liveness_turns_unmonitored_after_the_grace_and_back_on_contact() -> None:
-    clock = FakeClock(100.0)
-    liveness = DaemonLiveness(30, clock=clock)
-    assert liveness.unmonitored() is None
-    clock.advance(29)
-    liveness.failed("UNAVAILABLE")
-    assert liveness.unmonitored() is None
-    clock.advance(2)
-    reason = liveness.unmonitored()
-    assert reason is not None and "has not answered for 31 s (last error: UNAVAILABLE)" in reason.message()
-    liveness.contact()
-    assert liveness.unmonitored() is None
