@@ -98,6 +98,12 @@ class DaemonClient:
         # a MIG create may take the daemon's whole change deadline: the caller's bound, not the read timeout
         return await self._admin_partitions.CreatePartition(request, timeout=within or self.timeout)
 
+    async def renew_lease(
+        self, partition_id: str, ttl_seconds: float, *, within: float | None = None
+    ) -> partitions_pb2.Partition:
+        request = partitions_pb2.RenewLeaseRequest(id=partition_id, ttl_seconds=ttl_seconds)
+        return await self._admin_partitions.RenewLease(request, timeout=self._deadline(within))
+
     async def delete_partition(self, partition_id: str, *, within: float | None = None) -> bool:
         reply = await self._admin_partitions.DeletePartition(
             partitions_pb2.DeletePartitionRequest(id=partition_id), timeout=self._deadline(within)

@@ -242,9 +242,11 @@ class Slices:
             if current is not None and current.owner.WhichOneof("kind") == "lease":
                 # no pod listed with this slot yet: the same Allocate again (kubelet retried, or ran it twice);
                 # one partition serves the slot, and the daemon gives it to whichever pod kubelet lists
-                log.info("slot allocated again before its pod was listed; same partition", slot=device_id)
-                return self._response(card, current)
-            if current is not None:
+                renewed = await self._renew(device_id, current)
+                if renewed is not None:
+                    log.info("slot allocated again before its pod was listed; same partition", slot=device_id)
+                    return self._response(card, renewed)
+            elif current is not None:
                 await self._delete_stale(device_id, current)
             partition = await self._create(card, device_id)
         await self.ctx.changed()
@@ -261,6 +263,20 @@ class Slices:
                 f"{self.name}: xpu-healthd did not answer within {self.ctx.probe_timeout:g} s "
                 f"({exc.code().name}); no slice made",
             ) from None
+
+    async def _renew(self, device_id: str, partition: partitions_pb2.Partition) -> partitions_pb2.Partition | None:
+        """The slot's lease-held partition with a full lease again (the new Allocate's pod needs the time to be
+        listed); None when it is gone meanwhile, or no longer the lease's (then it is deleted as stale)."""
+        try:
+            return await self.ctx.client.renew_lease(partition.id, self.ctx.lease_seconds)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # given to a pod meanwhile, or its lease ran out
+                await self._delete_stale(device_id, partition)
+                return None
+            message = f"{self.name}: renewing partition {partition.id}: {exc.details()}"
+            raise AllocationError(exc.code(), message) from None
 
     async def _delete_stale(self, device_id: str, stale: partitions_pb2.Partition) -> None:
         # kubelet gives a slot out again only after the pod that held it is gone: its partition is stale

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -72,6 +73,22 @@ def test_stream_drop_and_a_missing_kubelet_socket(tmp_path: Path) -> None:
         clock.advance(ENDPOINT_STOP_GRACE_PERIOD + 1)  # the old endpoint's grace would have run out by now
         capacity, allocatable, deleted = kubelet.capacity()
         assert (capacity[GPU], allocatable[GPU], deleted) == (8, 8, [])
+
+        # kubelet's own race: the plugin's socket goes, the plugin serves and registers again, and the old
+        # stream's end is processed only then, so runClient disconnects the *new* client
+        gate = threading.Event()
+        kubelet.manager.stream_end_gate = gate
+        connects = kubelet.events().count(("connected", GPU))
+        (kubelet.dir / request.endpoint).unlink()
+        kubelet.wait(lambda: kubelet.events().count(("connected", GPU)) > connects, "registered on a new socket")
+        kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 8, "8 healthy on the new client")
+        kubelet.manager.stream_end_gate = None
+        gate.set()
+        kubelet.wait(lambda: kubelet.events()[-1] == ("disconnected", GPU), "the late stream end disconnects it")
+        kubelet.wait(
+            lambda: kubelet.events().count(("connected", GPU)) > connects + 1, "and the plugin registers again"
+        )
+        kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 8, "8 healthy after the race")
 
         # kubelet goes away and its socket with it: the plugin says so, and registers when kubelet is back
         kubelet.stop()
@@ -183,6 +200,8 @@ def test_device_nodes_for_a_runtime_without_cdi_and_one_partition_per_slot(tmp_p
         assert [p.id for p in made] == list(ids)
         again = bounded(lambda: kubelet.allocate(TDM, [slot]))
         assert again.envs["XPU_PARTITION_ID"] in ids
+        (renewed,) = [p for p in partitions(daemon.address) if p.id in ids]
+        assert renewed.lease_expires_at > made[0].lease_expires_at  # the repeat gives its pod a full lease
         tdm = answers[0]
         assert tdm.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert tdm.envs["NVIDIA_VISIBLE_DEVICES"] == "void" and list(tdm.cdi_devices) == []

@@ -133,7 +133,7 @@ class PluginClient:
             self.stream = self.stub.ListAndWatch(kpb.Empty())
             for response in self.stream:
                 self._manager.list_and_watch_receiver(self.resource, list(response.devices))
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: the channel was closed before the stream began
             pass
         self._manager.record("stream ended", self.resource)
 
@@ -159,6 +159,8 @@ class DeviceManager:
     registrations: list[Any] = field(default_factory=list)
     updates: dict[str, list[tuple[float, list[Any]]]] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, resource), in order
+    # set by a test: runClient waits on it after a stream ended, before getClient (a late stream end, on demand)
+    stream_end_gate: threading.Event | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
     _grpc: grpc.Server | None = None
 
@@ -221,6 +223,9 @@ class DeviceManager:
 
     def run_client(self, name: str, client: PluginClient) -> None:
         client.run()
+        gate = self.stream_end_gate
+        if gate is not None:
+            gate.wait(60)
         with self.cond:
             current = self.clients.get(name)  # getClient(name): not necessarily the client whose stream ended
         if current is not None:

@@ -189,3 +189,47 @@ def test_preferred_allocation_is_a_sane_answer_or_a_clear_refusal(
     assert len(ids) == len(set(ids)) <= size
     assert ids[: len(must)] == must[:size]  # must_include first
     assert set(ids) <= set(must) | (set(available) & set(SLOT_IDS))
+
+
+class _Stuck:
+    """A resource whose Allocate never returns (a daemon call that hangs)."""
+
+    name = "xpu-runtime-kit.io/tdm-25c.32gib"
+    pre_start_required = True
+
+    def devices(self) -> list[Any]:
+        return []
+
+    async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
+        return []
+
+    async def allocate(self, ids: list[str]) -> Any:
+        await asyncio.Event().wait()
+
+    async def pre_start(self, ids: list[str]) -> None:
+        return None
+
+
+def test_allocate_has_its_own_deadline_and_says_why() -> None:
+    async def go() -> grpc.aio.AioRpcError:
+        with tempfile.TemporaryDirectory(prefix="xdp-", dir="/tmp") as tmp:
+            server = grpc.aio.server()
+            service = DevicePluginService(_Stuck(), Changes(), StreamCount(), allocate_deadline=0.3)
+            kpb_grpc.add_DevicePluginServicer_to_server(service, server)
+            address = f"unix:{tmp}/p.sock"
+            server.add_insecure_port(address)
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    request = kpb.AllocateRequest(container_requests=[kpb.ContainerAllocateRequest(devices_ids=["x"])])
+                    try:
+                        await kpb_grpc.DevicePluginStub(channel).Allocate(request)  # no deadline, as kubelet
+                    except grpc.aio.AioRpcError as exc:
+                        return exc
+                    raise AssertionError("Allocate answered")
+            finally:
+                await server.stop(0)
+
+    error = asyncio.run(asyncio.wait_for(go(), 60))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "gave up after 0.3 s waiting for xpu-healthd" in (error.details() or "")
