@@ -80,11 +80,9 @@ class StreamCount:
         self._clock = clock
         self.open = 0
         self.none_since: float | None = clock()
-        self.opened_total = 0
 
     def opened(self) -> None:
         self.open += 1
-        self.opened_total += 1
         self.none_since = None
 
     def closed(self) -> None:
@@ -153,19 +151,20 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
         self, request: kpb.AllocateRequest, context: grpc.aio.ServicerContext[kpb.AllocateRequest, kpb.AllocateResponse]
     ) -> kpb.AllocateResponse:
         responses = []
+        deadline = asyncio.get_running_loop().time() + self._allocate_deadline  # one bound for the whole call
         for req in request.container_requests:
             try:
-                responses.append(await self._allocate_within_deadline(list(req.devices_ids)))
+                responses.append(await self._allocate_before(deadline, list(req.devices_ids)))
             except AllocationError as exc:
                 devices = [i[:200] for i in req.devices_ids[:8]]
                 log.warning("allocate refused", resource=self._r.name, devices=devices, error=exc.message)
                 await context.abort(exc.code, exc.message)
         return kpb.AllocateResponse(container_responses=responses)
 
-    async def _allocate_within_deadline(self, ids: list[str]) -> kpb.ContainerAllocateResponse:
+    async def _allocate_before(self, deadline: float, ids: list[str]) -> kpb.ContainerAllocateResponse:
         """Kubelet calls Allocate with no deadline and admits nothing else meanwhile: bound it here."""
         try:
-            async with asyncio.timeout(self._allocate_deadline):
+            async with asyncio.timeout_at(deadline):
                 return await self._r.allocate(ids)
         except TimeoutError:
             raise AllocationError(
