@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ def parse_slot(device_id: str) -> tuple[str, int] | None:
 
 
 def refuse_duplicates(name: str, ids: Sequence[str]) -> None:
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
     if twice:
         raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: device {twice[0]!r} is asked for twice")
 
