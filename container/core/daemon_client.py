@@ -31,6 +31,10 @@ class DaemonClient:
         self._partitions = partitions_pb2_grpc.PartitionsStub(self._main)
         self._admin_partitions = partitions_pb2_grpc.PartitionsStub(self._admin)
 
+    def _deadline(self, within: float | None) -> float:
+        """A call's deadline: the caller's bound when it has one shorter than the client's own."""
+        return self.timeout if within is None else max(0.001, min(self.timeout, within))
+
     async def close(self) -> None:
         await self._main.close()
         await self._admin.close()
@@ -51,8 +55,8 @@ class DaemonClient:
 
     # ----- topology ------------------------------------------------------------------------------------------
 
-    async def topology(self) -> topology_pb2.GetTopologyResponse:
-        return await self._topology.Get(topology_pb2.GetTopologyRequest(), timeout=self.timeout)
+    async def topology(self, *, within: float | None = None) -> topology_pb2.GetTopologyResponse:
+        return await self._topology.Get(topology_pb2.GetTopologyRequest(), timeout=self._deadline(within))
 
     async def preferred(
         self, count: int, available: list[str], must_include: list[str]
@@ -62,12 +66,17 @@ class DaemonClient:
 
     # ----- partitions ----------------------------------------------------------------------------------------
 
-    async def capacity(self) -> list[partitions_pb2.CardCapacity]:
-        reply = await self._partitions.GetCapacity(partitions_pb2.GetCapacityRequest(), timeout=self.timeout)
+    async def capacity(self, gpu: str = "", *, within: float | None = None) -> list[partitions_pb2.CardCapacity]:
+        """Every card's capacity, or one card's (``gpu``: index or UUID)."""
+        reply = await self._partitions.GetCapacity(
+            partitions_pb2.GetCapacityRequest(gpu=gpu), timeout=self._deadline(within)
+        )
         return list(reply.cards)
 
-    async def partitions(self) -> list[partitions_pb2.Partition]:
-        reply = await self._partitions.ListPartitions(partitions_pb2.ListPartitionsRequest(), timeout=self.timeout)
+    async def partitions(self, *, within: float | None = None) -> list[partitions_pb2.Partition]:
+        reply = await self._partitions.ListPartitions(
+            partitions_pb2.ListPartitionsRequest(), timeout=self._deadline(within)
+        )
         return list(reply.partitions)
 
     async def create_for_device(
@@ -79,16 +88,24 @@ class DaemonClient:
         resource_name: str,
         device_id: str,
         lease_seconds: float,
+        within: float | None = None,
     ) -> partitions_pb2.Partition:
         """A partition under a lease that names the kubelet device; the daemon gives it to the pod kubelet lists."""
         owner = lease_for_device("xpu-device-plugin", lease_seconds, resource_name, device_id)
         request = partitions_pb2.CreatePartitionRequest(
             owner=owner, gpu=gpu_uuid, compute_percent=compute_percent, memory=memory
         )
-        return await self._admin_partitions.CreatePartition(request, timeout=self.timeout)
+        # a MIG create may take the daemon's whole change deadline: the caller's bound, not the read timeout
+        return await self._admin_partitions.CreatePartition(request, timeout=within or self.timeout)
 
-    async def delete_partition(self, partition_id: str) -> bool:
+    async def renew_lease(
+        self, partition_id: str, ttl_seconds: float, *, within: float | None = None
+    ) -> partitions_pb2.Partition:
+        request = partitions_pb2.RenewLeaseRequest(id=partition_id, ttl_seconds=ttl_seconds)
+        return await self._admin_partitions.RenewLease(request, timeout=self._deadline(within))
+
+    async def delete_partition(self, partition_id: str, *, within: float | None = None) -> bool:
         reply = await self._admin_partitions.DeletePartition(
-            partitions_pb2.DeletePartitionRequest(id=partition_id), timeout=self.timeout
+            partitions_pb2.DeletePartitionRequest(id=partition_id), timeout=self._deadline(within)
         )
         return bool(reply.deleted)

@@ -8,7 +8,8 @@ resolved it (a condition that cleared, a reboot, an operator's ``xpuctl faults r
 Start: ListFaults(active) with the journal's last seq read before the listing, then WatchFaults after that seq.
 Records carry the whole fault, so replaying one already reflected changes nothing. After a lost connection the
 watch resumes after the last seq seen; after a gap (retention) or OUT_OF_RANGE (the journal was reset) it starts
-over from ListFaults. While the daemon is unreachable the last known state is kept.
+over from ListFaults. While the daemon is unreachable the last known state is kept here; ``on_contact`` tells the
+front end's liveness (container/core/liveness.py) each time the daemon spoke, so it can stop trusting that state.
 """
 
 from __future__ import annotations
@@ -46,9 +47,17 @@ def takes_out_of_service(fault: health_pb2.Fault) -> bool:
 
 
 class FaultTracker:
-    def __init__(self, client: DaemonClient, on_change: Callable[[], None], *, retry_max: float = 5.0) -> None:
+    def __init__(
+        self,
+        client: DaemonClient,
+        on_change: Callable[[], None],
+        *,
+        retry_max: float = 5.0,
+        on_contact: Callable[[], None] = lambda: None,
+    ) -> None:
         self._client = client
         self._on_change = on_change
+        self._on_contact = on_contact
         self._retry_max = retry_max
         self._faults: dict[str, CardFault] = {}
         self.last_seq = 0
@@ -84,6 +93,7 @@ class FaultTracker:
         for fault in faults:
             self.apply(fault)
         self.last_seq = last_seq
+        self._on_contact()
         self.synced.set()
         if self._faults != previous:
             self._on_change()
@@ -101,6 +111,7 @@ class FaultTracker:
                     if not self.connected:
                         log.info("following the daemon's faults", after_seq=self.last_seq)
                     self.connected = True
+                    self._on_contact()
                     delay = 0.2
                     if item.HasField("gap"):
                         log.warning("fault records lost to retention; reading the active faults again")

@@ -116,24 +116,66 @@ def build_view(
 
 
 class Inventory:
+    """The last view read from the daemon. A daemon whose partition service is not serving every card yet (one card
+    hung at start-up) still gives the cards that answer on their own: each joins when it answers."""
+
     def __init__(self, client: DaemonClient) -> None:
         self._client = client
         self.view = NodeView()
         self.loaded = False
+        self.unanswered: tuple[str, ...] = ()  # cards left out of the view because they did not answer
 
-    async def refresh(self) -> bool:
+    async def refresh(self, *, within: float | None = None) -> bool:
         """Read capacity, partitions and topology; True when the view changed. Raises grpc errors when the daemon
         cannot be reached (the previous view stays)."""
-        capacity = await self._client.capacity()
-        partitions = await self._client.partitions()
+        topology: topology_pb2.GetTopologyResponse | None = None
         try:
-            topology: topology_pb2.GetTopologyResponse | None = await self._client.topology()
+            capacity = await self._client.capacity(within=within)
+            unanswered: tuple[str, ...] = ()
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
-            topology = None  # not collected yet: no NUMA or NIC hints this time
+            topology = await self._topology(within)
+            capacity, unanswered = await self._card_by_card(topology, exc, within)
+        partitions = await self._client.partitions(within=within)
+        if topology is None:
+            topology = await self._topology(within)
         view = build_view(capacity, partitions, topology)
+        if unanswered != self.unanswered:
+            if unanswered:
+                log.warning("serving the cards that answer; these join when they do", waiting_for=list(unanswered))
+            else:
+                log.info("every card answers")
+        self.unanswered = unanswered
         changed = view != self.view
         self.view = view
         self.loaded = True
         return changed
+
+    async def _topology(self, within: float | None) -> topology_pb2.GetTopologyResponse | None:
+        try:
+            return await self._client.topology(within=within)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return None  # not collected yet: no NUMA or NIC hints this time
+
+    async def _card_by_card(
+        self, topology: topology_pb2.GetTopologyResponse | None, first: grpc.aio.AioRpcError, within: float | None
+    ) -> tuple[list[partitions_pb2.CardCapacity], tuple[str, ...]]:
+        """The node-wide capacity call is unavailable: ask each known card alone (from the topology, else the
+        last view). Raises ``first`` when no card answers."""
+        uuids = [g.uuid for g in topology.gpus] if topology is not None else []
+        uuids = uuids or [c.uuid for c in self.view.cards]
+        capacity: list[partitions_pb2.CardCapacity] = []
+        unanswered: list[str] = []
+        for uuid in uuids:
+            try:
+                capacity += await self._client.capacity(uuid, within=within)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                unanswered.append(uuid)
+        if not capacity:
+            raise first
+        return capacity, tuple(unanswered)

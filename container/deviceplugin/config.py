@@ -13,6 +13,8 @@ from typing import Any
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HEALTHD_SOCKET = "unix:/run/xpu-runtime-kit/healthd.sock"
 DEFAULT_DOMAIN = "xpu-runtime-kit.io"
+DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+RUNTIME_ANSWERS = ("cdi", "device-nodes")
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _MEMORY = re.compile(r"^(\d+)\s*(GiB|MiB)$")
 
@@ -52,6 +54,12 @@ class PluginConfig:
     refresh_seconds: float = 5.0  # capacity and partitions are read again this often (and after each change)
     socket_check_seconds: float = 1.0  # how often kubelet's socket and ours are checked (kubelet restarts)
     call_timeout_seconds: float = 10.0  # per call to the daemon
+    daemon_grace_seconds: float = 30.0  # this long without an answer from the daemon: every device Unhealthy
+    stream_grace_seconds: float = 5.0  # registered, but no ListAndWatch stream from kubelet this long: register again
+    allocate_deadline_seconds: float = 25.0  # Allocate's own bound (kubelet gives none); covers a MIG create
+    probe_timeout_seconds: float = 3.0  # the daemon read that opens a slice Allocate (a frozen daemon fails here)
+    runtime: str = "cdi"  # "cdi": CDI device names; "device-nodes": nodes, mounts and env, for runtimes without CDI
+    cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR  # where the daemon writes its CDI spec (read for "device-nodes")
 
     @property
     def admin_address(self) -> str:
@@ -113,7 +121,7 @@ def parse_shape(raw: Any, where: str) -> TdmShape:
 
 
 def parse_file(data: dict[str, Any], base: PluginConfig) -> PluginConfig:
-    top = _keys(data, {"domain", "whole_cards", "mig", "tdm", "partitions"}, "config")
+    top = _keys(data, {"domain", "whole_cards", "mig", "tdm", "partitions", "daemon", "kubelet", "runtime"}, "config")
     domain = top.get("domain", base.domain)
     if not isinstance(domain, str) or not _DOMAIN.match(domain):
         raise ConfigError(f"domain: expected a DNS domain such as {DEFAULT_DOMAIN}, got {domain!r}")
@@ -129,6 +137,21 @@ def parse_file(data: dict[str, Any], base: PluginConfig) -> PluginConfig:
     if len({s.suffix for s in shapes}) != len(shapes):
         raise ConfigError("tdm.shapes: a shape is listed twice")
     parts = _keys(top.get("partitions", {}), {"lease_seconds", "refresh_seconds"}, "partitions")
+    daemon = _keys(top.get("daemon", {}), {"grace_seconds", "allocate_deadline_seconds"}, "daemon")
+    kubelet = _keys(top.get("kubelet", {}), {"stream_grace_seconds"}, "kubelet")
+    runtime = _keys(top.get("runtime", {}), {"answer", "cdi_spec_dir"}, "runtime")
+    answer = runtime.get("answer", base.runtime)
+    if answer not in RUNTIME_ANSWERS:
+        raise ConfigError(f"runtime.answer: expected one of {', '.join(RUNTIME_ANSWERS)}, got {answer!r}")
+    spec_dir = runtime.get("cdi_spec_dir", str(base.cdi_spec_dir))
+    if not isinstance(spec_dir, str) or not spec_dir.startswith("/"):
+        raise ConfigError(f"runtime.cdi_spec_dir: expected an absolute path, got {spec_dir!r}")
+    refresh = _number(parts, "refresh_seconds", "partitions", base.refresh_seconds, 0.2, 3600)
+    grace = _number(daemon, "grace_seconds", "daemon", base.daemon_grace_seconds, 1, 3600)
+    if grace < refresh:
+        raise ConfigError(
+            f"daemon.grace_seconds: must be at least partitions.refresh_seconds ({refresh:g}), got {grace:g}"
+        )
     return PluginConfig(
         healthd_socket=base.healthd_socket,
         admin_socket=base.admin_socket,
@@ -139,7 +162,14 @@ def parse_file(data: dict[str, Any], base: PluginConfig) -> PluginConfig:
         mig_profiles=tuple(profiles),
         tdm_shapes=shapes,
         lease_seconds=_number(parts, "lease_seconds", "partitions", base.lease_seconds, 10, 86400),
-        refresh_seconds=_number(parts, "refresh_seconds", "partitions", base.refresh_seconds, 0.2, 3600),
+        refresh_seconds=refresh,
+        daemon_grace_seconds=grace,
+        allocate_deadline_seconds=_number(
+            daemon, "allocate_deadline_seconds", "daemon", base.allocate_deadline_seconds, 1, 600
+        ),
+        stream_grace_seconds=_number(kubelet, "stream_grace_seconds", "kubelet", base.stream_grace_seconds, 1, 600),
+        runtime=answer,
+        cdi_spec_dir=Path(spec_dir),
     )
 
 

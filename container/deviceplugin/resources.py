@@ -6,11 +6,16 @@
   ``<GPU UUID>::<n>``); a free slot is Healthy only while the card still has room for one more, so kubelet's count
   follows what can really be created. Allocate creates the partition under a short lease that names the slot;
   the daemon gives it to the pod once kubelet lists the slot (see healthd/partition/podbind.py).
+
+Every device is Unhealthy, and Allocate is refused, while the daemon has not answered for its grace period
+(container/core/liveness.py): nobody would see a fault on those cards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +24,12 @@ import structlog
 
 from container.core.daemon_client import DaemonClient
 from container.core.inventory import Card, NodeView
+from container.core.keyed_lock import KeyedLocks
+from container.core.liveness import Unmonitored
 from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
 from container.deviceplugin.config import TdmShape
+from container.deviceplugin.errors import AllocationError
+from container.deviceplugin.runtime_answer import RuntimeAnswer
 from healthd.api.v1 import partitions_pb2
 
 log = structlog.get_logger("container.deviceplugin.resources")
@@ -28,15 +37,29 @@ log = structlog.get_logger("container.deviceplugin.resources")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 SLOT_SEP = "::"
 NICS_ANNOTATION = "xpu-runtime-kit.io/rdma-nics"
+# a slot number as the plugin writes it: ASCII digits, no leading zero (so "01", "٣" or "²" name no slot)
+_SLOT_NUMBER = re.compile(r"0|[1-9][0-9]{0,5}", re.ASCII)
+
+__all__ = ["AllocationError", "Context", "Slices", "WholeCards", "parse_slot"]
 
 
-class AllocationError(Exception):
-    """Answered to kubelet with ``code``; kubelet fails the pod's admission with the message."""
+def parse_slot(device_id: str) -> tuple[str, int] | None:
+    """(card UUID, slot number) of a slot device id written by this plugin, else None."""
+    uuid, sep, number = device_id.partition(SLOT_SEP)
+    if not sep or not uuid or not _SLOT_NUMBER.fullmatch(number):
+        return None
+    return uuid, int(number)
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+
+def refuse_duplicates(name: str, ids: Sequence[str]) -> None:
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if twice:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: device {twice[0]!r} is asked for twice")
+
+
+def check_size(name: str, size: int) -> None:
+    if size < 0:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: allocation size {size} is negative")
 
 
 def _topology(card: Card) -> kpb.TopologyInfo | None:
@@ -66,6 +89,19 @@ class Context:
     view: Callable[[], NodeView]
     out_of_service: Callable[[], frozenset[int]]
     changed: Callable[[], Awaitable[object]]  # refresh the view and tell kubelet (after a partition was made)
+    unmonitored: Callable[[], Unmonitored | None]  # None while the daemon answers
+    read_now: Callable[[float], Awaitable[NodeView]]  # read the daemon within that many seconds (raises grpc errors)
+    answer: RuntimeAnswer
+    probe_timeout: float = 3.0
+    allocate_deadline: float = 25.0
+
+    def refuse_unmonitored(self, name: str) -> None:
+        reason = self.unmonitored()
+        if reason is not None:
+            raise AllocationError(grpc.StatusCode.UNAVAILABLE, f"{name}: {reason.message()}; not handing out cards")
+
+    def health(self, healthy: bool) -> str:
+        return HEALTHY if healthy and self.unmonitored() is None else UNHEALTHY
 
 
 class WholeCards:
@@ -81,14 +117,18 @@ class WholeCards:
     def devices(self) -> list[kpb.Device]:
         out_of_service = self.ctx.out_of_service()
         return [
-            kpb.Device(ID=c.uuid, health=UNHEALTHY if c.index in out_of_service else HEALTHY, topology=_topology(c))
+            kpb.Device(ID=c.uuid, health=self.ctx.health(c.index not in out_of_service), topology=_topology(c))
             for c in self.cards(self.ctx.view())
         ]
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
         """The daemon's best-connected set among the available healthy cards (it also leaves out faulty ones)."""
+        check_size(self.name, size)
         healthy = {d.ID for d in self.devices() if d.health == HEALTHY}
-        pool = [i for i in available if i in healthy or i in must]
+        pool = list(dict.fromkeys(i for i in [*must, *available] if i in healthy or i in must))
+        size = min(size, len(pool))
+        if size == 0:
+            return []
         try:
             reply = await self.ctx.client.preferred(size, pool, must)
             return list(reply.uuids)
@@ -97,6 +137,10 @@ class WholeCards:
             return [*must, *(i for i in pool if i not in must)][:size]
 
     async def allocate(self, ids: list[str]) -> kpb.ContainerAllocateResponse:
+        if not ids:
+            raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name}: no device asked for")
+        refuse_duplicates(self.name, ids)
+        self.ctx.refuse_unmonitored(self.name)
         view = self.ctx.view()
         cards = []
         for device_id in ids:
@@ -104,11 +148,8 @@ class WholeCards:
             if card is None or card not in self.cards(view):
                 raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: no whole card {device_id!r}")
             cards.append(card)
-        uuids = ",".join(c.uuid for c in cards)
-        response = kpb.ContainerAllocateResponse(
-            envs={"CUDA_VISIBLE_DEVICES": uuids, "NVIDIA_VISIBLE_DEVICES": uuids},
-            cdi_devices=[kpb.CDIDevice(name=f"{self.ctx.domain}/gpu={c.uuid}") for c in cards],
-        )
+        response = kpb.ContainerAllocateResponse(envs={"CUDA_VISIBLE_DEVICES": ",".join(c.uuid for c in cards)})
+        self.ctx.answer.fill(response, [f"{self.ctx.domain}/gpu={c.uuid}" for c in cards])
         rdma_edits(cards, response)
         return response
 
@@ -128,6 +169,7 @@ class Slices:
         self.shape = shape
         suffix = f"mig-{profile}" if profile is not None else shape.suffix if shape is not None else ""
         self.name = f"{ctx.domain}/{suffix}"
+        self._slot_locks = KeyedLocks()  # one Allocate per slot at a time: concurrent ones share one partition
 
     # ----- slots ---------------------------------------------------------------------------------------------
 
@@ -158,16 +200,16 @@ class Slices:
                 healthy = card.index not in out_of_service and (used or free_healthy < room)
                 if healthy and not used:
                     free_healthy += 1
-                devices.append(
-                    kpb.Device(ID=device_id, health=HEALTHY if healthy else UNHEALTHY, topology=_topology(card))
-                )
+                devices.append(kpb.Device(ID=device_id, health=self.ctx.health(healthy), topology=_topology(card)))
         return devices
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
         """Pack: the free slots of the card with the least room left first, so emptier cards stay whole."""
+        check_size(self.name, size)
         healthy = {d.ID for d in self.devices() if d.health == HEALTHY}
         view = self.ctx.view()
         free_per_card: dict[str, int] = {}
+        available = list(dict.fromkeys(available))
         for device_id in available:
             if device_id in healthy:
                 uuid = device_id.split(SLOT_SEP)[0]
@@ -176,7 +218,7 @@ class Slices:
             (i for i in available if i not in must and i in healthy),
             key=lambda i: (free_per_card.get(i.split(SLOT_SEP)[0], 0), _card_index(view, i), i),
         )
-        return [*must, *ranked][:size]
+        return [*dict.fromkeys(must), *ranked][:size]
 
     # ----- kubelet calls -------------------------------------------------------------------------------------
 
@@ -188,20 +230,65 @@ class Slices:
                 "MPS server",
             )
         device_id = ids[0]
-        view = self.ctx.view()
-        uuid, _, n = device_id.partition(SLOT_SEP)
-        card = view.card(uuid)
-        if card is None or not n.isdigit() or int(n) >= self._slots_and_room(card)[0]:
-            raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: no slot {device_id!r} on this node now")
-        stale = view.by_device.get((self.name, device_id))
-        if stale is not None:
-            # kubelet gives a slot out again only after the pod that held it is gone: that partition is stale
-            log.info("slot reused; deleting the partition it held", slot=device_id, partition=stale.id)
-            try:
-                await self.ctx.client.delete_partition(stale.id)
-            except grpc.aio.AioRpcError as exc:
-                message = f"{self.name}: slot {device_id}: its old partition {stale.id}: {exc.details()}"
-                raise AllocationError(exc.code(), message) from None
+        slot = parse_slot(device_id)
+        if slot is None:
+            raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: {device_id[:200]!r} is not a slot id")
+        self.ctx.refuse_unmonitored(self.name)
+        async with self._slot_locks.hold(device_id):
+            view = await self._read_now()
+            card = view.card(slot[0])
+            if card is None or slot[1] >= self._slots_and_room(card)[0]:
+                raise AllocationError(grpc.StatusCode.NOT_FOUND, f"{self.name}: no slot {device_id!r} on this node now")
+            current = view.by_device.get((self.name, device_id))
+            if current is not None and current.owner.WhichOneof("kind") == "lease":
+                # no pod listed with this slot yet: the same Allocate again (kubelet retried, or ran it twice);
+                # one partition serves the slot, and the daemon gives it to whichever pod kubelet lists
+                renewed = await self._renew(device_id, current)
+                if renewed is not None:
+                    log.info("slot allocated again before its pod was listed; same partition", slot=device_id)
+                    return self._response(card, renewed)
+            elif current is not None:
+                await self._delete_stale(device_id, current)
+            partition = await self._create(card, device_id)
+        await self.ctx.changed()
+        log.info("slice allocated", resource=self.name, slot=device_id, partition=partition.id, gpu=card.index)
+        return self._response(card, partition)
+
+    async def _read_now(self) -> NodeView:
+        """A fresh view within the probe timeout: a frozen daemon fails the Allocate here, in seconds."""
+        try:
+            return await self.ctx.read_now(self.ctx.probe_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise AllocationError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.name}: xpu-healthd did not answer within {self.ctx.probe_timeout:g} s "
+                f"({exc.code().name}); no slice made",
+            ) from None
+
+    async def _renew(self, device_id: str, partition: partitions_pb2.Partition) -> partitions_pb2.Partition | None:
+        """The slot's lease-held partition with a full lease again (the new Allocate's pod needs the time to be
+        listed); None when it is gone meanwhile, or no longer the lease's (then it is deleted as stale)."""
+        try:
+            return await self.ctx.client.renew_lease(partition.id, self.ctx.lease_seconds)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # given to a pod meanwhile, or its lease ran out
+                await self._delete_stale(device_id, partition)
+                return None
+            message = f"{self.name}: renewing partition {partition.id}: {exc.details()}"
+            raise AllocationError(exc.code(), message) from None
+
+    async def _delete_stale(self, device_id: str, stale: partitions_pb2.Partition) -> None:
+        # kubelet gives a slot out again only after the pod that held it is gone: its partition is stale
+        log.info("slot reused; deleting the partition it held", slot=device_id, partition=stale.id)
+        try:
+            await self.ctx.client.delete_partition(stale.id)
+        except grpc.aio.AioRpcError as exc:
+            message = f"{self.name}: slot {device_id}: its old partition {stale.id}: {exc.details()}"
+            raise AllocationError(exc.code(), message) from None
+
+    async def _create(self, card: Card, device_id: str) -> partitions_pb2.Partition:
         compute, memory = self._amounts(card)
         try:
             partition = await self.ctx.client.create_for_device(
@@ -211,6 +298,7 @@ class Slices:
                 resource_name=self.name,
                 device_id=device_id,
                 lease_seconds=self.ctx.lease_seconds,
+                within=self.ctx.allocate_deadline,
             )
         except grpc.aio.AioRpcError as exc:
             await self.ctx.changed()
@@ -223,12 +311,11 @@ class Slices:
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{self.name}: GPU {card.index} has no room for a {self.profile} instance now",
             )
-        await self.ctx.changed()
-        log.info("slice allocated", resource=self.name, slot=device_id, partition=partition.id, gpu=card.index)
-        response = kpb.ContainerAllocateResponse(
-            envs={**dict(partition.env), "XPU_PARTITION_ID": partition.id},
-            cdi_devices=[kpb.CDIDevice(name=partition.cdi_device)],
-        )
+        return partition
+
+    def _response(self, card: Card, partition: partitions_pb2.Partition) -> kpb.ContainerAllocateResponse:
+        response = kpb.ContainerAllocateResponse(envs={**dict(partition.env), "XPU_PARTITION_ID": partition.id})
+        self.ctx.answer.fill(response, [partition.cdi_device])
         rdma_edits([card], response)
         return response
 

@@ -1,12 +1,18 @@
 """One kubelet DevicePlugin gRPC server per resource, on its own socket in the device-plugins directory, and the
-registration with kubelet."""
+registration with kubelet.
+
+Each server counts kubelet's ListAndWatch streams. Kubelet keeps exactly one per registered resource; when it has
+none for a while although kubelet.sock is still there, kubelet has dropped this plugin's client (its runClient
+can disconnect a freshly registered client when an old stream's end is processed late), and only a new
+Register brings it back (plugin.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -15,7 +21,7 @@ import structlog
 
 from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
 from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
-from container.deviceplugin.resources import AllocationError
+from container.deviceplugin.errors import AllocationError
 
 log = structlog.get_logger("container.deviceplugin.server")
 
@@ -67,10 +73,40 @@ def plugin_options(resource: Resource) -> kpb.DevicePluginOptions:
     )
 
 
+class StreamCount:
+    """kubelet's open ListAndWatch streams on one server, and since when there has been none."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.open = 0
+        self.none_since: float | None = clock()
+
+    def opened(self) -> None:
+        self.open += 1
+        self.none_since = None
+
+    def closed(self) -> None:
+        self.open -= 1
+        if self.open == 0:
+            self.none_since = self._clock()
+
+    def reset(self) -> None:
+        """From now: a registration was just sent, so kubelet's stream is due."""
+        if self.open == 0:
+            self.none_since = self._clock()
+
+    def missing_for(self) -> float:
+        return 0.0 if self.none_since is None else self._clock() - self.none_since
+
+
 class DevicePluginService(kpb_grpc.DevicePluginServicer):
-    def __init__(self, resource: Resource, changes: Changes) -> None:
+    def __init__(
+        self, resource: Resource, changes: Changes, streams: StreamCount, *, allocate_deadline: float = 25.0
+    ) -> None:
         self._r = resource
         self._changes = changes
+        self._streams = streams
+        self._allocate_deadline = allocate_deadline
 
     async def GetDevicePluginOptions(  # noqa: N802
         self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.DevicePluginOptions]
@@ -81,15 +117,19 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
         self, request: kpb.Empty, context: grpc.aio.ServicerContext[kpb.Empty, kpb.ListAndWatchResponse]
     ) -> AsyncIterator[kpb.ListAndWatchResponse]:
         last: list[kpb.Device] | None = None
-        while True:
-            generation = self._changes.generation
-            devices = self._r.devices()
-            if devices != last:
-                healthy = sum(1 for d in devices if d.health == "Healthy")
-                log.info("device list sent", resource=self._r.name, devices=len(devices), healthy=healthy)
-                yield kpb.ListAndWatchResponse(devices=devices)
-                last = devices
-            await self._changes.wait_beyond(generation)
+        self._streams.opened()
+        try:
+            while True:
+                generation = self._changes.generation
+                devices = self._r.devices()
+                if devices != last:
+                    healthy = sum(1 for d in devices if d.health == "Healthy")
+                    log.info("device list sent", resource=self._r.name, devices=len(devices), healthy=healthy)
+                    yield kpb.ListAndWatchResponse(devices=devices)
+                    last = devices
+                await self._changes.wait_beyond(generation)
+        finally:
+            self._streams.closed()
 
     async def GetPreferredAllocation(  # noqa: N802
         self,
@@ -98,9 +138,12 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
     ) -> kpb.PreferredAllocationResponse:
         responses = []
         for req in request.container_requests:
-            ids = await self._r.preferred(
-                list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
-            )
+            try:
+                ids = await self._r.preferred(
+                    list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
+                )
+            except AllocationError as exc:
+                await context.abort(exc.code, exc.message)
             responses.append(kpb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return kpb.PreferredAllocationResponse(container_responses=responses)
 
@@ -108,13 +151,27 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
         self, request: kpb.AllocateRequest, context: grpc.aio.ServicerContext[kpb.AllocateRequest, kpb.AllocateResponse]
     ) -> kpb.AllocateResponse:
         responses = []
+        deadline = asyncio.get_running_loop().time() + self._allocate_deadline  # one bound for the whole call
         for req in request.container_requests:
             try:
-                responses.append(await self._r.allocate(list(req.devices_ids)))
+                responses.append(await self._allocate_before(deadline, list(req.devices_ids)))
             except AllocationError as exc:
-                log.warning("allocate refused", resource=self._r.name, devices=list(req.devices_ids), error=exc.message)
+                devices = [i[:200] for i in req.devices_ids[:8]]
+                log.warning("allocate refused", resource=self._r.name, devices=devices, error=exc.message)
                 await context.abort(exc.code, exc.message)
         return kpb.AllocateResponse(container_responses=responses)
+
+    async def _allocate_before(self, deadline: float, ids: list[str]) -> kpb.ContainerAllocateResponse:
+        """Kubelet calls Allocate with no deadline and admits nothing else meanwhile: bound it here."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._r.allocate(ids)
+        except TimeoutError:
+            raise AllocationError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{self._r.name}: xpu-device-plugin gave up after {self._allocate_deadline:g} s waiting for "
+                "xpu-healthd; a partition made meanwhile is reclaimed when its lease ends",
+            ) from None
 
     async def PreStartContainer(  # noqa: N802
         self,
@@ -129,7 +186,8 @@ class DevicePluginService(kpb_grpc.DevicePluginServicer):
 
 
 def socket_name(resource_name: str) -> str:
-    return "xpu-" + resource_name.replace("/", "_") + ".sock"
+    """``xpu-runtime-kit.io/gpu`` -> ``xpu-runtime-kit.io_gpu.sock``: resource names are unique per kubelet."""
+    return resource_name.replace("/", "_") + ".sock"
 
 
 def inode(path: Path) -> tuple[int, int] | None:
@@ -143,9 +201,13 @@ def inode(path: Path) -> tuple[int, int] | None:
 class ResourceServer:
     """Serves one resource; restarted (new socket) when its socket file disappears, e.g. kubelet cleaned the dir."""
 
-    def __init__(self, resource: Resource, changes: Changes, kubelet_dir: Path) -> None:
+    def __init__(
+        self, resource: Resource, changes: Changes, kubelet_dir: Path, *, allocate_deadline: float = 25.0
+    ) -> None:
         self.resource = resource
         self._changes = changes
+        self._allocate_deadline = allocate_deadline
+        self.streams = StreamCount()
         self.kubelet_dir = kubelet_dir
         self.socket = kubelet_dir / socket_name(resource.name)
         self._server: grpc.aio.Server | None = None
@@ -161,7 +223,11 @@ class ResourceServer:
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
-        kpb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self.resource, self._changes), server)
+        self.streams = StreamCount()
+        service = DevicePluginService(
+            self.resource, self._changes, self.streams, allocate_deadline=self._allocate_deadline
+        )
+        kpb_grpc.add_DevicePluginServicer_to_server(service, server)
         server.add_insecure_port(f"unix:{self.socket}")
         await server.start()
         self._server = server
@@ -193,4 +259,5 @@ class ResourceServer:
                 timeout=10,
             )
         self.registered_with = kubelet_inode
+        self.streams.reset()
         log.info("registered with kubelet", resource=self.resource.name, endpoint=self.socket.name)

@@ -7,10 +7,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -82,17 +84,26 @@ class PluginProcess:
 
 @contextmanager
 def stack(
-    tmp: Path, *, scenario: str, plugin_config: str = "", daemon_extra: str = ""
+    tmp: Path,
+    *,
+    scenario: str,
+    plugin_config: str = "",
+    daemon_extra: str = "",
+    kubelet_clock: Callable[[], float] = time.monotonic,
+    start_daemon: bool = True,
 ) -> Iterator[tuple[DaemonProcess, KubeletDouble, PluginProcess]]:
     # unix socket paths are short: the kubelet directory lives in /tmp, not in pytest's deep tmp
     short = Path(tempfile.mkdtemp(prefix="xdp-", dir="/tmp"))
-    kubelet = KubeletDouble(short / "device-plugins", short / "pod-resources" / "kubelet.sock").start()
+    kubelet = KubeletDouble(
+        short / "device-plugins", short / "pod-resources" / "kubelet.sock", clock=kubelet_clock
+    ).start()
     daemon = DaemonProcess(
         tmp, scenario=scenario, extra_config=daemon_config(kubelet.pod_resources_socket) + daemon_extra
     )
     plugin: PluginProcess | None = None
     try:
-        daemon.start()
+        if start_daemon:
+            daemon.start()
         plugin = PluginProcess(
             daemon,
             kubelet.dir,
@@ -104,6 +115,8 @@ def stack(
         if plugin is not None and plugin.proc is not None:
             plugin.stop()
         if daemon.proc is not None:
+            if daemon.proc.poll() is None:
+                os.kill(daemon.proc.pid, signal.SIGCONT)  # a test may have frozen it
             daemon.stop()
         kubelet.stop()
         shutil.rmtree(short, ignore_errors=True)

@@ -1,11 +1,14 @@
-"""A kubelet test double that speaks the real protos: the device-plugin Registration service on
-``<dir>/kubelet.sock`` (v1beta1), the calls kubelet makes to a registered plugin (GetDevicePluginOptions, a
-ListAndWatch stream per resource, GetPreferredAllocation, Allocate, PreStartContainer), and the pod-resources
-PodResourcesLister (v1) that lists which pod holds which device, as kubelet does after admission.
+"""A kubelet test double for device plugins: kubelet's device manager as ported in kubelet_devicemanager.py (the
+Registration service on ``<dir>/kubelet.sock``, one client and ListAndWatch stream per resource with kubelet's
+runClient/disconnectClient rules, the endpoint stop grace period, Allocate and GetPreferredAllocation with no
+deadline), plus the pod-resources PodResourcesLister (v1) that lists which pod holds which device.
 
-``admit`` does what kubelet's device manager does for one container: pick devices (preferred allocation when the
-plugin offers it), Allocate, then list them under the pod. ``restart`` is a kubelet restart: servers stop, every
-file in the device-plugins directory is removed, and a new kubelet.sock appears.
+``admit`` does what the device manager does for one container: pick healthy free devices (the plugin's preference
+first), Allocate, then list them under the pod. ``restart`` is a kubelet restart: the manager stops (every client
+disconnected), the registration server goes, ``CleanupPluginDirectory`` removes every socket but the checkpoint,
+and a new kubelet.sock appears. ``drop_stream`` is kubelet's ``disconnectClient`` of a resource's current client
+while kubelet keeps running (what ``runClient`` does when an old stream's end is processed after a new
+registration). What it does not prove is listed in kubelet_devicemanager.py and docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -14,102 +17,104 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from container.deviceplugin.api.v1beta1 import api_pb2 as kpb
-from container.deviceplugin.api.v1beta1 import api_pb2_grpc as kpb_grpc
 from exporter.attribution.api.podresources.v1 import api_pb2 as prpb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc as prpb_grpc
+from tests.support.kubelet_devicemanager import DeviceManager, DeviceManagerError, Endpoint
 
 
 @dataclass
 class Plugin:
     """One registered resource as kubelet keeps it."""
 
-    request: Any  # RegisterRequest
-    options: Any  # DevicePluginOptions as the plugin answered
-    channel: grpc.Channel
-    stub: Any
-    devices: list[Any] = field(default_factory=list)
-    updates: list[tuple[float, list[Any]]] = field(default_factory=list)  # (monotonic time, device list)
-    stream: Any = None
+    request: Any  # the RegisterRequest that made it
+    endpoint: Endpoint
+    devices: list[Any]
+    updates: list[tuple[float, list[Any]]]  # (monotonic time, device list) of every ListAndWatch response
+
+    @property
+    def options(self) -> Any:
+        return self.endpoint.options
+
+    @property
+    def stub(self) -> Any:
+        return self.endpoint.stub
 
 
 class KubeletDouble:
-    def __init__(self, plugin_dir: Path, pod_resources_socket: Path) -> None:
+    def __init__(
+        self, plugin_dir: Path, pod_resources_socket: Path, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.dir = plugin_dir
         self.pod_resources_socket = pod_resources_socket
-        self.registrations: list[Any] = []
-        self.plugins: dict[str, Plugin] = {}
+        self.manager = DeviceManager(plugin_dir, clock=clock)
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
-        self._cond = threading.Condition()
-        self._servers: list[grpc.Server] = []
+        self._lister: grpc.Server | None = None
+
+    @property
+    def _cond(self) -> threading.Condition:
+        return self.manager.cond
+
+    @property
+    def registrations(self) -> list[Any]:
+        with self._cond:
+            return list(self.manager.registrations)
+
+    @property
+    def plugins(self) -> dict[str, Plugin]:
+        with self._cond:
+            return {name: self._plugin(name) for name in self.manager.endpoints}
+
+    def _plugin(self, name: str) -> Plugin:
+        endpoint = self.manager.endpoints[name]
+        request = next(r for r in reversed(self.manager.registrations) if r.resource_name == name)
+        devices = list(self.manager.all_devices.get(name, {}).values()) if not endpoint.stopped() else []
+        return Plugin(request, endpoint, devices, list(self.manager.updates.get(name, [])))
 
     # ----- lifecycle -----------------------------------------------------------------------------------------
 
     def start(self) -> KubeletDouble:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        registration = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-reg"))
-        kpb_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)
-        registration.add_insecure_port(f"unix:{self.dir / 'kubelet.sock'}")
-        registration.start()
+        self.manager.start()
         self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
         self.pod_resources_socket.unlink(missing_ok=True)
         lister = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubelet-pr"))
         prpb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), lister)
         lister.add_insecure_port(f"unix:{self.pod_resources_socket}")
         lister.start()
-        self._servers = [registration, lister]
+        self._lister = lister
         return self
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.stop(grace=None).wait(5)
-        self._servers = []
-        with self._cond:
-            plugins, self.plugins = list(self.plugins.values()), {}
-        for plugin in plugins:
-            if plugin.stream is not None:
-                plugin.stream.cancel()
-            plugin.channel.close()
+        self.manager.stop()
+        if self._lister is not None:
+            self._lister.stop(grace=None).wait(5)
+            self._lister = None
 
     def restart(self) -> None:
-        """kubelet restarting: its servers go, the device-plugins directory is emptied, a new kubelet.sock comes."""
+        """kubelet restarting: the manager stops, then starts again (which empties the directory of sockets)."""
         self.stop()
-        for entry in self.dir.iterdir():
-            entry.unlink()
+        with self._cond:
+            self.manager.endpoints.clear()
+            self.manager.healthy.clear()
+            self.manager.unhealthy.clear()
+            self.manager.all_devices.clear()
         self.start()
 
-    # ----- registration and the plugin's stream --------------------------------------------------------------
+    def drop_stream(self, resource: str) -> None:
+        """disconnectClient on the resource's current client; kubelet.sock stays."""
+        client = self.manager.client(resource)
+        assert client is not None, f"kubelet double: no client for {resource}"
+        self.manager.disconnect_client(resource, client)
 
-    def _register(self, request: Any) -> None:
-        channel = grpc.insecure_channel(f"unix:{self.dir / request.endpoint}")
-        stub = kpb_grpc.DevicePluginStub(channel)
-        options = stub.GetDevicePluginOptions(kpb.Empty(), timeout=10)
-        plugin = Plugin(request, options, channel, stub)
-        with self._cond:
-            old = self.plugins.get(request.resource_name)
-            self.plugins[request.resource_name] = plugin
-            self.registrations.append(request)
-            self._cond.notify_all()
-        if old is not None and old.stream is not None:
-            old.stream.cancel()
-        threading.Thread(target=self._watch, args=(plugin,), daemon=True).start()
+    def capacity(self) -> tuple[dict[str, int], dict[str, int], list[str]]:
+        return self.manager.get_capacity()
 
-    def _watch(self, plugin: Plugin) -> None:
-        plugin.stream = plugin.stub.ListAndWatch(kpb.Empty())
-        try:
-            for response in plugin.stream:
-                with self._cond:
-                    plugin.devices = list(response.devices)
-                    plugin.updates.append((time.monotonic(), list(response.devices)))
-                    self._cond.notify_all()
-        except grpc.RpcError:
-            pass  # cancelled, or the plugin went away
+    # ----- what kubelet holds --------------------------------------------------------------------------------
 
     def wait(self, predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
         with self._cond:
@@ -117,43 +122,40 @@ class KubeletDouble:
                 raise AssertionError(f"kubelet double: {what} did not happen within {timeout}s")
 
     def devices(self, resource: str) -> list[Any]:
+        """The devices of the resource's last list; none while its endpoint is stopped."""
         with self._cond:
-            plugin = self.plugins.get(resource)
-            return list(plugin.devices) if plugin is not None else []
+            endpoint = self.manager.endpoints.get(resource)
+            if endpoint is None or endpoint.stopped():
+                return []
+            return list(self.manager.all_devices.get(resource, {}).values())
 
     def health(self, resource: str) -> dict[str, str]:
         return {d.ID: d.health for d in self.devices(resource)}
 
     def healthy(self, resource: str) -> list[str]:
-        return [d.ID for d in self.devices(resource) if d.health == "Healthy"]
+        with self._cond:
+            return sorted(self.manager.healthy.get(resource, set()))
 
     def plugin(self, resource: str) -> Plugin:
         with self._cond:
-            return self.plugins[resource]
+            return self._plugin(resource)
+
+    def events(self) -> list[tuple[str, str]]:
+        with self._cond:
+            return list(self.manager.events)
 
     # ----- what kubelet's device manager does for a container ----------------------------------------------
 
     def preferred(self, resource: str, available: list[str], size: int, must: list[str] | None = None) -> list[str]:
-        reply = self.plugin(resource).stub.GetPreferredAllocation(
-            kpb.PreferredAllocationRequest(
-                container_requests=[
-                    kpb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=available, must_include_deviceIDs=must or [], allocation_size=size
-                    )
-                ]
-            ),
-            timeout=30,
-        )
+        reply = self.manager.endpoint(resource).get_preferred_allocation(available, must or [], size)
         return list(reply.container_responses[0].deviceIDs)
 
     def allocate(self, resource: str, ids: list[str]) -> Any:
-        reply = self.plugin(resource).stub.Allocate(
-            kpb.AllocateRequest(container_requests=[kpb.ContainerAllocateRequest(devices_ids=ids)]), timeout=30
-        )
-        return reply.container_responses[0]
+        """Allocate as endpoint.go calls it: no deadline (kubelet waits as long as the plugin takes)."""
+        return self.manager.endpoint(resource).allocate(ids).container_responses[0]
 
     def pre_start(self, resource: str, ids: list[str]) -> None:
-        self.plugin(resource).stub.PreStartContainer(kpb.PreStartContainerRequest(devices_ids=ids), timeout=30)
+        self.manager.endpoint(resource).pre_start_container(ids)
 
     def allocated(self) -> set[tuple[str, str]]:
         with self._cond:
@@ -166,17 +168,19 @@ class KubeletDouble:
             }
 
     def admit(self, namespace: str, pod: str, container: str, resource: str, count: int) -> tuple[list[str], Any]:
-        """Pick ``count`` healthy free devices (the plugin's preference first), Allocate, list them under the pod."""
-        taken = self.allocated()
-        free = [i for i in self.healthy(resource) if (resource, i) not in taken]
-        if len(free) < count:
-            raise AssertionError(f"kubelet double: {resource}: {len(free)} free healthy devices, {count} asked")
-        ids = (
-            self.preferred(resource, free, count)
-            if self.plugin(resource).options.get_preferred_allocation_available
-            else free[:count]
-        )
-        response = self.allocate(resource, ids)
+        """devicesToAllocate, then Allocate; on success the devices are listed under the pod."""
+        with self._cond:
+            held = {i for r, i in self.allocated() if r == resource}
+            self.manager.allocated[resource] = held
+        try:
+            ids = self.manager.devices_to_allocate(resource, count)
+        except DeviceManagerError as exc:
+            raise AssertionError(f"kubelet double: {exc}") from None
+        try:
+            response = self.allocate(resource, ids)
+        except grpc.RpcError:
+            self.manager.release(resource, ids)
+            raise
         with self._cond:
             self.pods.setdefault((namespace, pod), {}).setdefault(container, {})[resource] = ids
         return ids, response
@@ -204,19 +208,6 @@ class KubeletDouble:
                 for (namespace, name), containers in sorted(pods.items())
             ]
         )
-
-
-class _Registration(kpb_grpc.RegistrationServicer):
-    def __init__(self, kubelet: KubeletDouble) -> None:
-        self._k = kubelet
-
-    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request.version != "v1beta1":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version}")
-        if "/" not in request.resource_name:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "resource name needs a domain")
-        self._k._register(request)
-        return kpb.Empty()
 
 
 class _Lister(prpb_grpc.PodResourcesListerServicer):

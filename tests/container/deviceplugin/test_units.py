@@ -15,6 +15,7 @@ from container.core.faults import FaultTracker, takes_out_of_service
 from container.core.inventory import Card, NodeView, ProfileRoom
 from container.deviceplugin.config import ConfigError, PluginConfig, build_parser, load, parse_file
 from container.deviceplugin.resources import Context, Slices, WholeCards
+from container.deviceplugin.runtime_answer import RuntimeAnswer
 from container.deviceplugin.server import Changes
 from healthd.api.v1 import health_pb2 as hpb
 from healthd.api.v1 import partitions_pb2 as ppb
@@ -168,7 +169,20 @@ def context(view: NodeView, out: frozenset[int] = frozenset()) -> Context:
     async def changed() -> None:
         return None
 
-    return Context(None, "xpu-runtime-kit.io", 60, lambda: view, lambda: out, changed)  # type: ignore[arg-type]
+    async def read_now(within: float) -> NodeView:
+        return view
+
+    return Context(
+        None,  # type: ignore[arg-type]
+        "xpu-runtime-kit.io",
+        60,
+        lambda: view,
+        lambda: out,
+        changed,
+        unmonitored=lambda: None,
+        read_now=read_now,
+        answer=RuntimeAnswer("cdi", Path("/nonexistent")),
+    )
 
 
 def test_slot_health_follows_the_room_on_the_card() -> None:
