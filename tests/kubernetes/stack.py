@@ -91,14 +91,24 @@ def stack(
     daemon_extra: str = "",
     kubelet_clock: Callable[[], float] = time.monotonic,
     start_daemon: bool = True,
+    hung_at_start: tuple[int, str] | None = None,
 ) -> Iterator[tuple[DaemonProcess, KubeletDouble, PluginProcess]]:
+    """``hung_at_start``: (GPU, call) hung in the simulated backend from before the daemon starts (see
+    tests/support/hung_at_start.py); ``xpuctl simulate clear`` releases it."""
     # unix socket paths are short: the kubelet directory lives in /tmp, not in pytest's deep tmp
     short = Path(tempfile.mkdtemp(prefix="xdp-", dir="/tmp"))
     kubelet = KubeletDouble(
         short / "device-plugins", short / "pod-resources" / "kubelet.sock", clock=kubelet_clock
     ).start()
+    module: tuple[str, ...] = ("healthd",)
+    if hung_at_start is not None:
+        module = ("tests.support.hung_at_start", str(hung_at_start[0]), hung_at_start[1])
     daemon = DaemonProcess(
-        tmp, scenario=scenario, extra_config=daemon_config(kubelet.pod_resources_socket) + daemon_extra
+        tmp,
+        scenario=scenario,
+        extra_config=daemon_config(kubelet.pod_resources_socket) + daemon_extra,
+        env={"PYTHONPATH": str(REPO)} if hung_at_start is not None else None,
+        module=module,
     )
     plugin: PluginProcess | None = None
     try:

@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -28,7 +29,9 @@ class DaemonProcess:
         extra_config: str = "",
         env: dict[str, str] | None = None,
         use_config: bool = True,
+        module: Sequence[str] = ("healthd",),
     ) -> None:
+        """``module``: what ``python -m`` runs, with its own leading arguments (e.g. tests.support.hung_at_start)."""
         self.tmp = tmp
         self.port = free_port()
         self.socket = tmp / "healthd.sock"
@@ -40,7 +43,7 @@ class DaemonProcess:
         self.args = [
             sys.executable,
             "-m",
-            "healthd",
+            *module,
             "--metrics-listen",
             f"127.0.0.1:{self.port}",
             "--grpc-listen",
