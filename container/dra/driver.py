@@ -53,9 +53,9 @@ class Driver:
         self.checkpoint = Checkpoint(config.checkpoint_file)
         self.faults = FaultTracker(self.client, self._fault_changed)
         self.publisher = Publisher(kube, self.inventory, self.faults, self.health, config)
-        self.preparer = Preparer(
-            self.client, self.inventory, kube, self.checkpoint, config.node_name, on_change=self.publisher.refresh_soon
-        )
+        # a claim's own partitions change no slice (its device stays published: the scheduler counts it as
+        # allocated), so prepares do not republish; the periodic refresh sees other front ends' partitions
+        self.preparer = Preparer(self.client, self.inventory, kube, self.checkpoint, config.node_name)
 
     def _fault_changed(self) -> None:
         self.publisher.fault_changed()

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import math
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
@@ -96,15 +96,12 @@ class Preparer:
         kube: KubeApi,
         checkpoint: Checkpoint,
         node_name: str,
-        *,
-        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._daemon = daemon
         self._inventory = inventory
         self._kube = kube
         self._checkpoint = checkpoint
         self._node = node_name
-        self._on_change = on_change  # a partition was made or removed: the slices' view may need a refresh
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
@@ -136,12 +133,8 @@ class Preparer:
             if not self._inventory.loaded:
                 await self._inventory.refresh()
             devices: list[PreparedDevice] = []
-            try:
-                for result in results:  # one by one: a failure leaves the rest to the retry
-                    devices.append(await self._prepare_device(ref, result))  # noqa: PERF401
-            finally:
-                if any(d.partition_id for d in devices):
-                    self._on_change()
+            for result in results:  # one by one: a failure leaves the rest to the retry
+                devices.append(await self._prepare_device(ref, result))  # noqa: PERF401
             prepared = tuple(devices)
             self._checkpoint.put(ref.uid, ClaimEntry(ref.namespace, ref.name, PREPARED, prepared))
             log.info("claim prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, devices=len(prepared))
@@ -238,8 +231,6 @@ class Preparer:
         except grpc.aio.AioRpcError as exc:
             why = f"{exc.code().name}: {exc.details()}"
             raise PrepareError(f"the daemon did not delete the partitions: {why}") from None
-        if ids:
-            self._on_change()
         return len(ids)
 
     # ----- reconcile -------------------------------------------------------------------------------------------

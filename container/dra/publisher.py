@@ -2,8 +2,8 @@
 
 Two kinds of wake-up: a fault change (the core fault tracker follows the daemon's WatchFaults stream, so a card is
 tainted as soon as the daemon publishes the fault, not at the next poll), which republishes with the view already
-held; and a refresh (every ``refresh_seconds``, and after every prepare or unprepare), which reads capacity,
-partitions and topology from the daemon first. Publishing runs in a thread (the Kubernetes client blocks); a
+held; and a refresh (every ``refresh_seconds``), which reads capacity, partitions and topology from the daemon
+first. Publishing runs in a thread (the Kubernetes client blocks); a
 failed write is retried a second later.
 
 Taints (KEP-5055): a card out of service (container/core/faults.py: action reset_gpu or stronger, hung or lost)
@@ -82,13 +82,9 @@ class Publisher:
         self._last_contact = clock()  # the grace period starts with the driver
         self._owner: k.V1OwnerReference | None = None
         self.published: Published | None = None
-        self.publications = 0  # how many times the pool was written (a test reads it)
+        self._last_pool: slices.Pool | None = None
 
     def fault_changed(self) -> None:
-        self._wake.set()
-
-    def refresh_soon(self) -> None:
-        self._refresh_due = True
         self._wake.set()
 
     @property
@@ -111,7 +107,7 @@ class Publisher:
 
     def build(self, generation: int) -> slices.Pool:
         view = self._inventory.view
-        return slices.build_pool(
+        self._last_pool = slices.build_pool(
             self._config.node_name,
             partitions_pb2.GetCapacityResponse(cards=view.capacity),
             view.topology or topology_pb2.GetTopologyResponse(),
@@ -121,6 +117,7 @@ class Publisher:
             generation=generation,
             owner=self._owner,
         )
+        return self._last_pool
 
     def device_health(self, pool: slices.Pool) -> tuple[DeviceState, ...]:
         unmonitored = self.unmonitored
@@ -168,7 +165,6 @@ class Publisher:
         except Exception as exc:
             log.warning("publishing ResourceSlices failed; retrying", error=str(exc)[:300])
             return False
-        self.publications += 1
         if self.published.changed:
             log.info(
                 "ResourceSlices published",
@@ -177,7 +173,8 @@ class Publisher:
                 updated=len(self.published.updated),
                 deleted=len(self.published.deleted),
             )
-        self._health.update(self.device_health(self.build(self.published.generation)))
+        if self._last_pool is not None:
+            self._health.update(self.device_health(self._last_pool))
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
