@@ -44,6 +44,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 CLAIM_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]{0,127}", re.ASCII)  # Kubernetes uids are RFC 4122 UUIDs
 MIG_PROFILE = re.compile(r"[0-9]{1,3}|[0-9]+g\.[0-9]+gb(\+[a-z0-9.]+)?", re.ASCII)  # an id, or NVIDIA's profile name
 MAX_PLACEMENT_START = 63
+MAX_MIG_PROFILE_CHARS = 32
 _FIELD_PREFIX = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): (.+)", re.DOTALL)
 
 KIND_STATUS = {
@@ -200,7 +201,7 @@ def mig_choice(request: pb.CreatePartitionRequest) -> tuple[str, int | None]:
         if start is not None:
             raise InvalidField("mig_placement_start", "goes with mig_profile only")
         return "", None
-    if not MIG_PROFILE.fullmatch(profile):
+    if len(profile) > MAX_MIG_PROFILE_CHARS or not MIG_PROFILE.fullmatch(profile):
         raise InvalidField("mig_profile", f"expected a profile name like 1g.18gb or a profile id, got {quote(profile)}")
     if request.compute_percent or request.memory not in ("", "0"):
         raise InvalidField("mig_profile", "names the instance itself: leave compute_percent and memory unset")

@@ -145,6 +145,7 @@ def test_a_placement_under_a_foreign_instance_is_refused(admin: Any) -> None:
         ({"gpu": "6", "mig_profile": "1g.18gb", "compute_percent": 10}, "mig_profile"),
         ({"gpu": "any", "mig_profile": "1g.18gb"}, "mig_profile"),
         ({"gpu": "6", "mig_profile": "1g.18gb;rm"}, "mig_profile"),
+        ({"gpu": "6", "mig_profile": "1g." + "9" * 40 + "gb"}, "mig_profile"),
         ({"gpu": "6", "mig_profile": "1g.18gb", "mig_placement_start": 64}, "mig_placement_start"),
     ],
 )
