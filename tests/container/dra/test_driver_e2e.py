@@ -231,3 +231,23 @@ def test_daemon_restart_and_the_unmonitored_taint(tmp_path: Path) -> None:
         stack.kubelet.unprepare(DRIVER, [first, second])
         assert claim_partitions(stack) == {}
         assert stack.api.rejected == []
+
+
+def test_an_older_kubelet_on_v1beta1_and_health_v1alpha1(tmp_path: Path) -> None:
+    """kubelet 1.32/1.33 speak DRA v1beta1 only, 1.34-1.36 health v1alpha1 only: the same driver serves both."""
+    with dra_stack(tmp_path, driver_config=FAST, modes=MODES) as stack:
+        ready(stack, "gpu-1-tdm")
+        plugin = stack.kubelet.plugins[DRIVER]
+        assert (plugin.service, plugin.health) == ("v1.DRAPlugin", "v1.DRAResourceHealth")  # what 1.37 picks
+        plugin.service, plugin.health = "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"
+        share = add_claim(stack, alloc.tdm_share("old", "ml", NODE, "gpu-1-tdm", POD, compute="25", memory="1Gi"))
+        (device,) = stack.kubelet.prepare(DRIVER, [share])[share.uid]
+        assert not hasattr(device, "share_id")  # v1beta1's Device has none
+        assert list(device.cdi_device_ids) == [claim_partitions(stack)[share.uid].cdi_device]
+        health: list[Any] = []
+        threading.Thread(target=follow, args=(stack, health), daemon=True).start()
+        first = wait_until(lambda: health and health[0], "a v1alpha1 health message")
+        assert type(first).__module__.endswith("v1alpha1.api_pb2")
+        assert {d.device.device_name for d in first.devices} >= {"gpu-0", "gpu-1-tdm"}
+        stack.kubelet.unprepare(DRIVER, [share])
+        assert claim_partitions(stack) == {}
