@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from container.dra import names
@@ -54,13 +56,15 @@ class DriverConfig:
         return self.plugin_dir / "checkpoint.json"
 
 
-TUNABLES = {
-    "fault_taint_effect": str,
-    "unmonitored_grace_seconds": float,
-    "refresh_seconds": float,
-    "call_timeout_seconds": float,
-    "health_check_timeout_seconds": int,
-}
+TUNABLES: Mapping[str, type] = MappingProxyType(
+    {
+        "fault_taint_effect": str,
+        "unmonitored_grace_seconds": float,
+        "refresh_seconds": float,
+        "call_timeout_seconds": float,
+        "health_check_timeout_seconds": int,
+    }
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import grpc
@@ -64,7 +65,7 @@ class HealthStreams:
             self._queues.discard(queue)
 
 
-_STATUS = {HEALTHY: 1, UNHEALTHY: 2, UNKNOWN: 0}  # HealthStatus in both protos
+_STATUS: Mapping[str, int] = MappingProxyType({HEALTHY: 1, UNHEALTHY: 2, UNKNOWN: 0})  # HealthStatus in both
 
 
 def _response(pb: Any, states: tuple[DeviceState, ...], timeout: int) -> Any:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from healthd.partition import planner
@@ -36,16 +37,18 @@ class CardCapacity:
 
 # CUDA compute capability (major, minor) -> NVIDIA's architecture name (CUDA C Programming Guide, "Compute
 # Capabilities"); a major alone covers every minor of it not listed.
-ARCHITECTURES: dict[tuple[int, int | None], str] = {
-    (7, 0): "Volta",
-    (7, 2): "Volta",
-    (7, 5): "Turing",
-    (8, None): "Ampere",
-    (8, 9): "Ada Lovelace",
-    (9, None): "Hopper",
-    (10, None): "Blackwell",
-    (12, None): "Blackwell",
-}
+ARCHITECTURES: Mapping[tuple[int, int | None], str] = MappingProxyType(
+    {
+        (7, 0): "Volta",
+        (7, 2): "Volta",
+        (7, 5): "Turing",
+        (8, None): "Ampere",
+        (8, 9): "Ada Lovelace",
+        (9, None): "Hopper",
+        (10, None): "Blackwell",
+        (12, None): "Blackwell",
+    }
+)
 
 
 def architecture(capability: tuple[int, int] | None) -> str:
