@@ -1,7 +1,7 @@
-"""kubelet's DRA resource-health stream (KEP-4680), v1 and v1alpha1 (same messages; kubelet 1.34-1.36 call
-v1alpha1, newer ones prefer v1): every published device with its health, sent whole on connect and again on every
-change. A device is UNHEALTHY while its card has a fault that taints it, UNKNOWN while the daemon has been out of
-reach past the grace period, HEALTHY otherwise."""
+"""kubelet's DRA resource-health stream (KEP-4680), v1 and v1alpha1 (kubelet 1.34-1.36 call v1alpha1, newer ones
+prefer v1; the messages are the same on the wire, so both are built as v1): every published device with its
+health, sent whole on connect and again on every change. A device is UNHEALTHY while its card has a fault that
+taints it, UNKNOWN while the daemon has been out of reach past the grace period, HEALTHY otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import grpc
 
@@ -65,14 +64,16 @@ class HealthStreams:
             self._queues.discard(queue)
 
 
-_STATUS: Mapping[str, int] = MappingProxyType({HEALTHY: 1, UNHEALTHY: 2, UNKNOWN: 0})  # HealthStatus in both
+_STATUS: Mapping[str, health_v1.HealthStatus] = MappingProxyType(
+    {HEALTHY: health_v1.HEALTHY, UNHEALTHY: health_v1.UNHEALTHY, UNKNOWN: health_v1.UNKNOWN}
+)
 
 
-def _response(pb: Any, states: tuple[DeviceState, ...], timeout: int) -> Any:
-    return pb.NodeWatchResourcesResponse(
+def _response(states: tuple[DeviceState, ...], timeout: int) -> health_v1.NodeWatchResourcesResponse:
+    return health_v1.NodeWatchResourcesResponse(
         devices=[
-            pb.DeviceHealth(
-                device=pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
+            health_v1.DeviceHealth(
+                device=health_v1.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
                 health=_STATUS[s.health],
                 last_updated_time=s.since,
                 health_check_timeout_seconds=timeout,
@@ -93,7 +94,7 @@ class HealthV1(health_v1_grpc.DRAResourceHealthServicer):
         context: grpc.aio.ServicerContext[health_v1.NodeWatchResourcesRequest, health_v1.NodeWatchResourcesResponse],
     ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
         async for states in self._streams.follow():
-            yield _response(health_v1, states, self._streams.check_timeout_seconds)
+            yield _response(states, self._streams.check_timeout_seconds)
 
 
 class HealthV1alpha1(health_v1alpha1_grpc.DRAResourceHealthServicer):
@@ -108,4 +109,5 @@ class HealthV1alpha1(health_v1alpha1_grpc.DRAResourceHealthServicer):
         ],
     ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
         async for states in self._streams.follow():
-            yield _response(health_v1alpha1, states, self._streams.check_timeout_seconds)
+            message = _response(states, self._streams.check_timeout_seconds).SerializeToString()
+            yield health_v1alpha1.NodeWatchResourcesResponse.FromString(message)
