@@ -44,6 +44,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("bench.attribution_bench", "/metrics with and without process and pod attribution"),
     ("bench.profiling_bench", "profiling (GPM) read per card and cycle, its series per scrape"),
     ("bench.deviceplugin_bench", "device plugin: Allocate, health flip latency, plugin memory"),
+    ("bench.dra_bench", "DRA driver: prepare latency per claim shape, fault -> taint -> untaint"),
     ("bench.scrape_bench", "the daemon's /metrics: scrape p50/p99, CPU, series per card/process/pod"),
 )
 

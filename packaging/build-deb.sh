@@ -93,6 +93,7 @@ mkdir -p "$STAGE/usr/bin"
 ln -s "$PREFIX/bin/xpu-healthd" "$STAGE/usr/bin/xpu-healthd"
 ln -s "$PREFIX/bin/xpuctl" "$STAGE/usr/bin/xpuctl"
 ln -s "$PREFIX/bin/xpu-device-plugin" "$STAGE/usr/bin/xpu-device-plugin"  # the Kubernetes image runs it (docs/kubernetes.md)
+ln -s "$PREFIX/bin/xpu-dra-driver" "$STAGE/usr/bin/xpu-dra-driver"  # the image's DRA mode (docs/kubernetes.md)
 
 # 4. documentation Debian policy asks for: the copyright file, the changelog (gzip -n: no timestamp, reproducible)
 DOC=$STAGE/usr/share/doc/$PKG

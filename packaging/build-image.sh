@@ -41,7 +41,7 @@ NSPAWN+=(--setenv=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 [ -d /run/systemd/system ] || NSPAWN+=(--keep-unit --register=no)  # no machined to register with
 "${NSPAWN[@]}" /bin/sh -ec '
   dpkg -i /xpu-image/xpu.deb >/dev/null
-  xpu-healthd --version >/dev/null && xpu-device-plugin --help >/dev/null
+  xpu-healthd --version >/dev/null && xpu-device-plugin --help >/dev/null && xpu-dra-driver --help >/dev/null
   # what a container never uses: documentation (licences stay), manuals, caches, logs, the machine id
   find /usr/share/doc -type f ! -name copyright ! -path "*/xpu-runtime-kit/*" -delete
   find /usr/share/doc -type d -empty -delete

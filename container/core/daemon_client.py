@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable
 
 import grpc
 
-from container.core.ownership import lease_for_device
+from container.core.ownership import claim_owner, lease_for_device
 from healthd.api.v1 import (
     health_pb2,
     health_pb2_grpc,
@@ -103,6 +103,33 @@ class DaemonClient:
     ) -> partitions_pb2.Partition:
         request = partitions_pb2.RenewLeaseRequest(id=partition_id, ttl_seconds=ttl_seconds)
         return await self._admin_partitions.RenewLease(request, timeout=self._deadline(within))
+
+    async def create_for_claim(
+        self,
+        claim: tuple[str, str, str],
+        *,
+        gpu_uuid: str,
+        request_id: str,
+        compute_percent: int = 0,
+        memory: str = "",
+        mig_profile: str = "",
+        mig_placement_start: int | None = None,
+        within: float | None = None,
+    ) -> partitions_pb2.Partition:
+        """A partition owned by a ResourceClaim (namespace, name, uid); a retry with the same ``request_id`` returns
+        the same partition. MIG: ``mig_profile`` at ``mig_placement_start``, as the scheduler allocated it."""
+        request = partitions_pb2.CreatePartitionRequest(
+            owner=claim_owner(*claim),
+            gpu=gpu_uuid,
+            compute_percent=compute_percent,
+            memory=memory,
+            request_id=request_id,
+            mig_profile=mig_profile,
+        )
+        if mig_placement_start is not None:
+            request.mig_placement_start = mig_placement_start
+        # a MIG create may take the daemon's whole change deadline: the caller's bound, not the read timeout
+        return await self._admin_partitions.CreatePartition(request, timeout=within or self.timeout)
 
     async def delete_partition(self, partition_id: str, *, within: float | None = None) -> bool:
         reply = await self._admin_partitions.DeletePartition(

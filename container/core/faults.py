@@ -72,6 +72,10 @@ class FaultTracker:
             cards.add(fault.gpu)
         return frozenset(cards)
 
+    def codes(self, gpu: int) -> list[str]:
+        """The codes of the faults that take this card out of service (node-wide ones included), sorted."""
+        return sorted({f.code for f in self._faults.values() if f.gpu in (gpu, ALL_CARDS)})
+
     def reasons(self, gpu: int) -> list[str]:
         return sorted(f"{f.code} ({f.id})" for f in self._faults.values() if f.gpu in (gpu, ALL_CARDS))
 

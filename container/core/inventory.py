@@ -17,6 +17,12 @@ from healthd.api.v1 import partitions_pb2, topology_pb2
 log = structlog.get_logger("container.core.inventory")
 
 MIB = 2**20
+CDI_KIND = "xpu-runtime-kit.io/gpu"  # the daemon's CDI spec (healthd/partition/cdi.py, cdi_cards.py)
+
+
+def card_cdi_device(uuid: str) -> str:
+    """The fully qualified CDI name of a whole card in the daemon's spec: named by its UUID."""
+    return f"{CDI_KIND}={uuid}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,10 @@ class NodeView:
     cards: tuple[Card, ...] = ()
     # (resource name, device id) -> the ready partition that serves that kubelet device
     by_device: Mapping[tuple[str, str], partitions_pb2.Partition] = field(default_factory=dict)
+    # the daemon's replies as read, for a front end that publishes them in its own terms (the DRA driver's slices)
+    capacity: tuple[partitions_pb2.CardCapacity, ...] = ()
+    partitions: tuple[partitions_pb2.Partition, ...] = ()
+    topology: topology_pb2.GetTopologyResponse | None = None
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
@@ -112,7 +122,13 @@ def build_view(
         key = kubelet_device_of(p)
         if key is not None and p.state == "ready":
             by_device[key] = p
-    return NodeView(cards=cards, by_device=by_device)
+    return NodeView(
+        cards=cards,
+        by_device=by_device,
+        capacity=tuple(sorted(capacity, key=lambda c: c.gpu)),
+        partitions=tuple(partitions),
+        topology=topology,
+    )
 
 
 class Inventory:

@@ -1,6 +1,9 @@
-"""Which kubelet device a partition serves, in the daemon's API: a front end creates the partition under a short
-lease that names the device, and the daemon hands it to the pod that kubelet lists with that device
-(healthd/partition/podbind.py); either way the owner still names the device."""
+"""Who a front end's partitions belong to, in the daemon's API.
+
+The device plugin creates a partition under a short lease that names the kubelet device, and the daemon hands it
+to the pod that kubelet lists with that device (healthd/partition/podbind.py); either way the owner still names the
+device. The DRA driver creates it for a ResourceClaim (namespace, name, uid), which the daemon never reclaims: the
+driver deletes it on unprepare, or when it finds the claim gone."""
 
 from __future__ import annotations
 
@@ -16,6 +19,17 @@ def lease_for_device(holder: str, ttl_seconds: float, resource_name: str, device
             kubelet_device=partitions_pb2.KubeletDevice(resource_name=resource_name, device_id=device_id),
         )
     )
+
+
+def claim_owner(namespace: str, name: str, uid: str) -> partitions_pb2.Owner:
+    return partitions_pb2.Owner(claim=partitions_pb2.ClaimOwner(namespace=namespace, name=name, uid=uid))
+
+
+def claim_uid_of(partition: partitions_pb2.Partition) -> str | None:
+    """The uid of the ResourceClaim a partition was made for; None for every other owner."""
+    if partition.owner.WhichOneof("kind") != "claim":
+        return None
+    return partition.owner.claim.uid
 
 
 def kubelet_device_of(partition: partitions_pb2.Partition) -> tuple[str, str] | None:

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Sequence
 
 import structlog
 
+from container.core.logs import configure_logging
 from container.deviceplugin.config import ConfigError, PluginConfig, build_parser, load
 from container.deviceplugin.plugin import Plugin
-
-
-def configure_logging(level: str) -> None:
-    """JSON lines on stdout (kubectl logs, journald), like the daemon's."""
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.JSONRenderer(),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=False,
-    )
 
 
 async def serve(config: PluginConfig) -> None:

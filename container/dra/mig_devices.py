@@ -41,8 +41,7 @@ class Profile:
 
     @property
     def slug(self) -> str:
-        """The profile as a DNS label: 1g.18gb+me -> 1g-18gb-me."""
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return profile_slug(self.name)
 
     @property
     def instance_counter(self) -> str:
@@ -50,6 +49,11 @@ class Profile:
 
     def needs_instance_counter(self) -> bool:
         return self.instance_count < _most_disjoint(self.placements)
+
+
+def profile_slug(name: str) -> str:
+    """A profile name as a DNS label: 1g.18gb+me -> 1g-18gb-me."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def _most_disjoint(placements: Iterable[tuple[int, int]]) -> int:

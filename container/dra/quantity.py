@@ -9,6 +9,10 @@ everything else as decimal.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+from kubernetes import utils
+
 _BINARY = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 _DECIMAL = (("E", 18), ("P", 15), ("T", 12), ("G", 9), ("M", 6), ("k", 3))
 
@@ -29,3 +33,8 @@ def bytes_quantity(value: int) -> str:
         if value and value % (1 << shift) == 0:
             return f"{value >> shift}{suffix}"
     return decimal_quantity(value)
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A Kubernetes quantity ("2Gi", "30", "500m") as its exact value (ValueError when it is not one)."""
+    return utils.parse_quantity(text)  # type: ignore[no-untyped-call,no-any-return]

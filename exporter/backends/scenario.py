@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from exporter.backends.types import MigProfile
+from exporter.backends.types import MediaEngines, MigProfile
 
 BUILTIN_SCENARIOS = ("h200x8", "h200x8-busy", "h200x1")
 
@@ -95,6 +95,20 @@ def load_scenario(name_or_path: str) -> Scenario:
     return parse_scenario(data, source=source)
 
 
+MEDIA_KEYS = ("decoders", "encoders", "jpeg_decoders", "optical_flow", "copy_engines")
+
+
+def _media(raw: dict[str, Any], where: str) -> MediaEngines | None:
+    """A profile's media engines: all five keys, or none of them (then unknown)."""
+    given = [k for k in MEDIA_KEYS if k in raw]
+    if not given:
+        return None
+    if len(given) != len(MEDIA_KEYS):
+        missing = ", ".join(k for k in MEDIA_KEYS if k not in raw)
+        raise ScenarioError(f"{where}: media engine counts go together; missing {missing}")
+    return MediaEngines(*(_get(raw, k, int, where) for k in MEDIA_KEYS))
+
+
 def _get(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if key not in table:
         raise ScenarioError(f"{where}: missing key {key!r}")
@@ -151,6 +165,7 @@ def parse_scenario(data: dict[str, Any], *, source: str = "scenario") -> Scenari
                 sm_count=_get(raw, "sms", int, where),
                 instance_count=_get(raw, "instances", int, where),
                 placements=placements,
+                media=_media(raw, where),
             )
         )
 

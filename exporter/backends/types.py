@@ -116,6 +116,19 @@ class MigProfile:
     sm_count: int
     instance_count: int  # the most instances of this profile the card can hold
     placements: tuple[tuple[int, int], ...]  # legal (start, size) in memory slices
+    media: MediaEngines | None = None  # None when the backend does not know them
+
+
+@dataclass(frozen=True, slots=True)
+class MediaEngines:
+    """The engines one instance of a GPU-instance profile gets (decoderCount, encoderCount, jpegCount, ofaCount,
+    copyEngineCount of ``nvmlGpuInstanceProfileInfo_t``)."""
+
+    decoders: int
+    encoders: int
+    jpeg_decoders: int
+    optical_flow: int
+    copy_engines: int
 
 
 @dataclass(frozen=True, slots=True)

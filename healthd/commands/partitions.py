@@ -48,9 +48,14 @@ def admin_address(args: argparse.Namespace) -> str:
 def _owner(args: argparse.Namespace) -> partitions_pb2.Owner:
     from healthd.api.v1 import partitions_pb2 as pb
 
-    given = [x for x in (args.owner_pid, args.owner_container, args.owner_pod, args.owner_lease) if x]
+    given = [x for x in (args.owner_pid, args.owner_container, args.owner_pod, args.owner_lease, args.owner_claim) if x]
     if len(given) > 1:
-        raise ValueError("give one owner: --owner-pid, --owner-container, --owner-pod or --owner-lease")
+        raise ValueError("give one owner: --owner-pid, --owner-container, --owner-pod, --owner-lease or --owner-claim")
+    if args.owner_claim:
+        parts = args.owner_claim.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"--owner-claim: expected NAMESPACE/NAME/UID, got {args.owner_claim!r}")
+        return pb.Owner(claim=pb.ClaimOwner(namespace=parts[0], name=parts[1], uid=parts[2]))
     if args.owner_pid:
         return pb.Owner(process=pb.ProcessOwner(pid=args.owner_pid))
     if args.owner_container:
@@ -110,6 +115,8 @@ def _describe_owner(owner: partitions_pb2.Owner) -> str:
         return f"pid {owner.process.pid}"
     if which == "lease":
         return f"lease {owner.lease.holder}"
+    if which == "claim":
+        return f"claim {owner.claim.namespace}/{owner.claim.name}"
     return "-"
 
 
@@ -126,6 +133,10 @@ def cmd_create(args: argparse.Namespace, channel: grpc.Channel) -> int:
     )
     if args.uid is not None:
         request.client_uid = args.uid
+    if args.mig_profile:
+        request.mig_profile = args.mig_profile
+    if args.mig_placement is not None:
+        request.mig_placement_start = args.mig_placement
     with grpc.insecure_channel(admin_address(args)) as admin:
         partition = _stub(admin).CreatePartition(request, timeout=args.timeout)
     _print_partitions([partition], args.json)
@@ -233,6 +244,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     create.add_argument("--cgroup-path", default="", help="the container's cgroup, relative to /sys/fs/cgroup")
     create.add_argument("--owner-pod", default="", metavar="NS/POD/CONTAINER", help="owned by this pod's container")
     create.add_argument("--owner-lease", default="", metavar="HOLDER", help="owned by a lease (default owner)")
+    create.add_argument(
+        "--owner-claim",
+        default="",
+        metavar="NS/NAME/UID",
+        help="owned by a Kubernetes ResourceClaim (never reclaimed by the daemon: delete it yourself)",
+    )
+    create.add_argument(
+        "--mig-profile", default="", metavar="PROFILE", help="mig: this GPU-instance profile (e.g. 1g.18gb or its id)"
+    )
+    create.add_argument(
+        "--mig-placement",
+        type=argtypes.uint(63),
+        default=None,
+        metavar="START",
+        help="with --mig-profile: at this placement start (memory slice; see 'capacity --json')",
+    )
     create.add_argument(
         "--allow-faulty-gpus",
         action="store_true",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from exporter.backends.types import DeviceInfo, MigInstance, MigProfile
+from exporter.backends.types import DeviceInfo, MigInstance, MigProfile, Unsupported
 from healthd.partition import planner
 from healthd.partition.model import CardMode, PartitionRecord
 from healthd.partition.quantity import MIB
@@ -25,6 +26,35 @@ class CardCapacity:
     hardware_mig: bool
     sharing: str = ""  # TDM sharing policy of a TDM card
     mig_room: tuple[tuple[MigProfile, int], ...] = ()  # MIG mode, with room=True: (profile, how many more fit now)
+    mig_memory_slices: int = 0  # MIG mode on in hardware: the card's memory slices
+    driver_version: str = ""
+    compute_capability: tuple[int, int] | None = None
+
+    @property
+    def architecture(self) -> str:
+        return architecture(self.compute_capability)
+
+
+# CUDA compute capability (major, minor) -> NVIDIA's architecture name (CUDA C Programming Guide, "Compute
+# Capabilities"); a major alone covers every minor of it not listed.
+ARCHITECTURES: Mapping[tuple[int, int | None], str] = MappingProxyType(
+    {
+        (7, 0): "Volta",
+        (7, 2): "Volta",
+        (7, 5): "Turing",
+        (8, None): "Ampere",
+        (8, 9): "Ada Lovelace",
+        (9, None): "Hopper",
+        (10, None): "Blackwell",
+        (12, None): "Blackwell",
+    }
+)
+
+
+def architecture(capability: tuple[int, int] | None) -> str:
+    if capability is None:
+        return ""
+    return ARCHITECTURES.get(capability) or ARCHITECTURES.get((capability[0], None), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +75,7 @@ def card_capacity(
     sharing: str = "",
     *,
     room: bool = False,
+    driver_version: str = "",
 ) -> CardCapacity:
     """``room``: also work out ``mig_room`` (the placement search is the costly part; only capacity replies read it)."""
     total_mib = info.memory_total_bytes // MIB
@@ -82,4 +113,7 @@ def card_capacity(
         hardware_mig=hardware_mig,
         sharing=sharing if mode is CardMode.TDM else "",
         mig_room=tuple(mig_room),
+        mig_memory_slices=planner.card_memory_slices(profiles) if hardware_mig else 0,
+        driver_version=driver_version,
+        compute_capability=None if isinstance(info.compute_capability, Unsupported) else info.compute_capability,
     )

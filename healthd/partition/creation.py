@@ -47,6 +47,8 @@ class CreateRequest:
     lease_ttl_seconds: float = 0.0
     allow_faulty_gpus: bool = False  # "any": also cards whose faults take them out of service
     client_uid: int | None = None  # TDM: the uid its CUDA processes run as, when known (sharing.py, admit_uid)
+    mig_profile: str = ""  # MIG: this GPU-instance profile (name or id) instead of the daemon's choice
+    mig_placement_start: int | None = None  # with mig_profile: at this placement
 
     def fingerprint(self) -> str:
         fields: tuple[object, ...] = (
@@ -58,6 +60,8 @@ class CreateRequest:
         )
         if self.client_uid is not None:  # appended only when given: ids of requests from before keep their match
             fields += (self.client_uid,)
+        if self.mig_profile:
+            fields += (self.mig_profile, self.mig_placement_start)
         return hashlib.sha256(repr(fields).encode()).hexdigest()[:32]
 
 
@@ -174,6 +178,8 @@ class PartitionCreation(PartitionLedger):
         info = self._infos[gpu]
         if mode is CardMode.NONE:
             raise precondition(f"GPU {gpu} is not partitionable (mode none); set its mode to tdm or mig first")
+        if request.mig_profile and mode is not CardMode.MIG:
+            raise precondition(f"GPU {gpu} is in {mode} mode: mig_profile needs a card in MIG mode")
         now = self.clock()
         lease_expires = 0.0
         if request.owner.kind is OwnerKind.LEASE:
@@ -201,7 +207,7 @@ class PartitionCreation(PartitionLedger):
             )
             record = await self._start_tdm(record)
         else:
-            record = await self._start_mig(gpu, record, quota)
+            record = await self._start_mig(gpu, record, quota, request)
         await self._write_cdi()
         log.info(
             "partition created",
@@ -264,7 +270,9 @@ class PartitionCreation(PartitionLedger):
         finally:
             self._creating.discard(record.id)
 
-    async def _start_mig(self, gpu: int, record: PartitionRecord, quota: Quota) -> PartitionRecord:
+    async def _start_mig(
+        self, gpu: int, record: PartitionRecord, quota: Quota, request: CreateRequest
+    ) -> PartitionRecord:
         instances = await self._refresh_foreign(gpu)
         profiles = self._profiles[gpu]
         # creates that passed their deadline may still make their instance: their placement stays taken
@@ -277,7 +285,10 @@ class PartitionCreation(PartitionLedger):
             and not any(i.placement_start == r.mig.placement_start for i in instances)
         ]
         occupied = planner.occupied(profiles, [*instances, *in_flight])
-        choice = planner.choose_mig(self._profiles[gpu], occupied, quota)
+        if request.mig_profile:
+            choice = planner.place_profile(profiles, occupied, request.mig_profile, request.mig_placement_start)
+        else:
+            choice = planner.choose_mig(profiles, occupied, quota)
         record = replace(
             record, mig=MigPlacement(choice.profile.profile_id, choice.profile.name, choice.start, choice.size)
         )

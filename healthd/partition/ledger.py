@@ -246,7 +246,12 @@ class PartitionLedger:
             self._hw_mig.get(gpu, False),
             str(self._sharing.get(gpu, "")),
             room=room,
+            driver_version=self._driver_version(),
         )
+
+    def _driver_version(self) -> str:
+        snap = self._snapshot()
+        return snap.system.driver_version if snap is not None and snap.system is not None else ""
 
     # ----- helpers -----------------------------------------------------------------------------------------
 

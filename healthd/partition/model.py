@@ -17,6 +17,7 @@ class OwnerKind(enum.StrEnum):
     POD = "pod"
     PROCESS = "process"
     LEASE = "lease"
+    CLAIM = "claim"  # a Kubernetes ResourceClaim: never reclaimed by the daemon, only deleted by its creator
 
 
 class State(enum.StrEnum):
@@ -39,6 +40,8 @@ class Owner:
     # the kubelet device the partition serves (lease and pod owners; see KubeletDevice in partitions.proto)
     resource_name: str = ""
     device_id: str = ""
+    claim: str = ""  # ResourceClaim name (namespace above)
+    claim_uid: str = ""
 
     def describe(self) -> str:
         device = f" for {self.resource_name} {self.device_id}" if self.device_id else ""
@@ -51,6 +54,8 @@ class Owner:
                 return f"pid {self.pid}"
             case OwnerKind.LEASE:
                 return f"lease {self.holder}{device}"
+            case OwnerKind.CLAIM:
+                return f"claim {self.namespace}/{self.claim} ({self.claim_uid})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Whether a partition's owner still exists: a container's cgroup, a process, a pod, or an unexpired lease."""
+"""Whether a partition's owner still exists: a container's cgroup, a process, a pod, or an unexpired lease. A
+ResourceClaim owner always counts as alive: the daemon cannot see claims, and only their DRA driver deletes them."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ class OwnerProbe:
                 return self.pod_exists(owner.namespace, owner.pod)
             case OwnerKind.LEASE:
                 return self.clock() < lease_expires_at
+            case OwnerKind.CLAIM:
+                return True  # the DRA driver deletes it (unprepare, or its reconcile once the claim is gone)
 
     def _find_cgroup(self, container_id: str) -> bool | None:
         """Search the cgroup tree for a directory named after the container (cri-containerd-ID.scope, docker-ID...)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.backends.types import MigProfile
-from healthd.partition.errors import PartitionError, exhausted, invalid
+from healthd.partition.errors import PartitionError, exhausted, invalid, precondition
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +119,25 @@ def _room_after(profiles: Sequence[MigProfile], occupied: Sequence[Occupied], co
     return largest, count
 
 
+def _keeps_most_room(
+    profiles: Sequence[MigProfile],
+    occupied: Sequence[Occupied],
+    profile: MigProfile,
+    starts: Sequence[tuple[int, int]],
+    compute_slices: int,
+) -> tuple[int, int]:
+    """The free (start, size) of ``profile`` that leaves most room for later requests (lowest start on a tie)."""
+    return max(
+        starts,
+        key=lambda sn: (
+            _room_after(
+                profiles, [*occupied, Occupied(profile.profile_id, sn[0], sn[1], profile.slice_count)], compute_slices
+            ),
+            -sn[0],
+        ),
+    )
+
+
 def choose_mig(profiles: Sequence[MigProfile], occupied: Sequence[Occupied], request: Quota) -> MigChoice:
     """The smallest profile covering the request that can be placed now, at the placement that keeps most room."""
     if not profiles:
@@ -138,20 +157,48 @@ def choose_mig(profiles: Sequence[MigProfile], occupied: Sequence[Occupied], req
         starts = feasible_starts(profile, occupied, compute_slices)
         if not starts:
             continue
-        best = max(
-            starts,
-            key=lambda sn: (
-                _room_after(
-                    profiles,
-                    [*occupied, Occupied(profile.profile_id, sn[0], sn[1], profile.slice_count)],
-                    compute_slices,
-                ),
-                -sn[0],
-            ),
-        )
-        return MigChoice(profile=profile, start=best[0], size=best[1])
+        start, size = _keeps_most_room(profiles, occupied, profile, starts, compute_slices)
+        return MigChoice(profile=profile, start=start, size=size)
     names = ", ".join(p.name for p in candidates)
     raise exhausted(f"no free placement on the card for any profile that covers the request ({names})")
+
+
+def place_profile(
+    profiles: Sequence[MigProfile], occupied: Sequence[Occupied], profile_ref: str, start: int | None
+) -> MigChoice:
+    """The placement a caller named: ``profile_ref`` (a profile name or id) at ``start``, or, without a start, the
+    free placement of that profile that keeps most room. INVALID when the card has no such profile or the profile
+    cannot start there; PRECONDITION when that placement is not free now."""
+    profile = next((p for p in profiles if profile_ref in (p.name, str(p.profile_id))), None)
+    if profile is None:
+        known = ", ".join(f"{p.name} (id {p.profile_id})" for p in profiles) or "none"
+        raise invalid(f"mig_profile: this card has no GPU-instance profile {profile_ref!r}; it has {known}")
+    compute_slices = card_compute_slices(profiles)
+    free = feasible_starts(profile, occupied, compute_slices)
+    if start is None:
+        if not free:
+            raise exhausted(f"no free placement for {profile.name} on the card now")
+        start, size = _keeps_most_room(profiles, occupied, profile, free, compute_slices)
+        return MigChoice(profile=profile, start=start, size=size)
+    legal = dict(profile.placements)
+    if start not in legal:
+        starts = ", ".join(str(s) for s, _ in profile.placements)
+        raise invalid(f"mig_placement_start: {profile.name} cannot start at {start} (legal starts: {starts})")
+    size = legal[start]
+    if (start, size) not in free:
+        why = _why_not(profile, start, size, occupied, compute_slices)
+        raise precondition(f"{profile.name} at placement {start}: {why}")
+    return MigChoice(profile=profile, start=start, size=size)
+
+
+def _why_not(profile: MigProfile, start: int, size: int, occupied: Sequence[Occupied], compute_slices: int) -> str:
+    wanted = set(range(start, start + size))
+    for o in occupied:
+        if wanted.intersection(o.slices):
+            return f"memory slices {o.start}-{o.start + o.size - 1} are held by an instance (profile id {o.profile_id})"
+    if sum(1 for o in occupied if o.profile_id == profile.profile_id) >= profile.instance_count:
+        return f"the card holds its most instances of {profile.name} ({profile.instance_count})"
+    return f"the card's compute slices are taken ({sum(o.compute_slices for o in occupied)} of {compute_slices} used)"
 
 
 def profile_room(profiles: Sequence[MigProfile], occupied: Sequence[Occupied]) -> tuple[tuple[MigProfile, int], ...]:
@@ -214,6 +261,7 @@ __all__ = [
     "feasible_starts",
     "occupied",
     "pick_card",
+    "place_profile",
     "profile_room",
     "topology_aware",
 ]

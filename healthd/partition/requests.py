@@ -41,6 +41,10 @@ _RESOURCE_NAME = re.compile(  # a Kubernetes extended resource name: domain/name
     r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII
 )
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+CLAIM_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]{0,127}", re.ASCII)  # Kubernetes uids are RFC 4122 UUIDs
+MIG_PROFILE = re.compile(r"[0-9]{1,3}|[0-9]+g\.[0-9]+gb(\+[a-z0-9.]+)?", re.ASCII)  # an id, or NVIDIA's profile name
+MAX_PLACEMENT_START = 63
+MAX_MIG_PROFILE_CHARS = 32
 _FIELD_PREFIX = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): (.+)", re.DOTALL)
 
 KIND_STATUS = {
@@ -104,7 +108,13 @@ def owner_from_pb(owner: pb.Owner) -> tuple[Owner, float]:
         ttl = check_seconds(owner.lease.ttl_seconds, "owner.lease.ttl_seconds", maximum=MAX_TTL_SECONDS)
         resource, device = kubelet_device(owner.lease.kubelet_device, "owner.lease.kubelet_device")
         return Owner(OwnerKind.LEASE, holder=holder, resource_name=resource, device_id=device), ttl
-    raise InvalidField("owner", "required: one of container, pod, process or lease")
+    if which == "claim":
+        claim = owner.claim
+        _name(claim.namespace, "owner.claim.namespace", _DNS_LABEL, "a Kubernetes namespace (DNS label)")
+        _name(claim.name, "owner.claim.name", DNS_SUBDOMAIN, "a ResourceClaim name (DNS subdomain)")
+        _name(claim.uid, "owner.claim.uid", CLAIM_UID, "the claim's uid (letters, digits and '-', at most 128)")
+        return Owner(OwnerKind.CLAIM, namespace=claim.namespace, claim=claim.name, claim_uid=claim.uid), 0.0
+    raise InvalidField("owner", "required: one of container, pod, process, lease or claim")
 
 
 def check_owner(owner: Owner) -> None:
@@ -136,6 +146,13 @@ def check_owner(owner: Owner) -> None:
         case OwnerKind.LEASE:
             if not owner.holder or len(owner.holder) > 253 or not owner.holder.isprintable():
                 raise invalid("owner.lease.holder: expected a printable name of 1-253 characters")
+        case OwnerKind.CLAIM:
+            if not _DNS_LABEL.fullmatch(owner.namespace):
+                raise invalid(f"owner.claim.namespace: expected a DNS label, got {quote(owner.namespace)}")
+            if not DNS_SUBDOMAIN.fullmatch(owner.claim):
+                raise invalid(f"owner.claim.name: expected a DNS subdomain, got {quote(owner.claim)}")
+            if not CLAIM_UID.fullmatch(owner.claim_uid):
+                raise invalid(f"owner.claim.uid: expected a Kubernetes uid, got {quote(owner.claim_uid)}")
 
 
 def kubelet_device(device: pb.KubeletDevice, field: str) -> tuple[str, str]:
@@ -174,6 +191,25 @@ def client_uid(request: pb.CreatePartitionRequest) -> int | None:
     if uid == NO_UID:
         raise InvalidField("client_uid", f"{uid} is (uid_t)-1, which no process runs as")
     return uid
+
+
+def mig_choice(request: pb.CreatePartitionRequest) -> tuple[str, int | None]:
+    """(profile, placement start) a create names explicitly; ("", None) when the daemon chooses."""
+    profile = request.mig_profile
+    start = int(request.mig_placement_start) if request.HasField("mig_placement_start") else None
+    if not profile:
+        if start is not None:
+            raise InvalidField("mig_placement_start", "goes with mig_profile only")
+        return "", None
+    if len(profile) > MAX_MIG_PROFILE_CHARS or not MIG_PROFILE.fullmatch(profile):
+        raise InvalidField("mig_profile", f"expected a profile name like 1g.18gb or a profile id, got {quote(profile)}")
+    if request.compute_percent or request.memory not in ("", "0"):
+        raise InvalidField("mig_profile", "names the instance itself: leave compute_percent and memory unset")
+    if request.gpu.strip().lower() == "any":
+        raise InvalidField("mig_profile", 'needs a named card (index or UUID), not "any"')
+    if start is not None and start > MAX_PLACEMENT_START:
+        raise InvalidField("mig_placement_start", f"must be a memory slice 0-{MAX_PLACEMENT_START}, got {start}")
+    return profile, start
 
 
 def request_id(value: str) -> str:

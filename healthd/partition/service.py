@@ -16,6 +16,7 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from exporter.backends.types import MigProfile
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition import requests as req
@@ -59,6 +60,8 @@ def owner_to_pb(owner: Owner) -> pb.Owner:
             return pb.Owner(process=pb.ProcessOwner(pid=owner.pid))
         case OwnerKind.LEASE:
             return pb.Owner(lease=pb.LeaseOwner(holder=owner.holder, kubelet_device=_kubelet_device_pb(owner)))
+        case OwnerKind.CLAIM:
+            return pb.Owner(claim=pb.ClaimOwner(namespace=owner.namespace, name=owner.claim, uid=owner.claim_uid))
 
 
 def _kubelet_device_pb(owner: Owner) -> pb.KubeletDevice | None:
@@ -129,6 +132,10 @@ def capacity_to_pb(c: CardCapacity) -> pb.CardCapacity:
         ],
         hardware_mig_enabled=c.hardware_mig,
         tdm_sharing=c.sharing,
+        mig_memory_slices=c.mig_memory_slices,
+        driver_version=c.driver_version,
+        architecture=c.architecture,
+        cuda_compute_capability="{}.{}".format(*c.compute_capability) if c.compute_capability else "",
         mig_profiles=[
             pb.MigProfileRoom(
                 profile=p.name,
@@ -137,9 +144,24 @@ def capacity_to_pb(c: CardCapacity) -> pb.CardCapacity:
                 sm_count=p.sm_count,
                 instance_count=p.instance_count,
                 placeable=placeable,
+                placements=[pb.MigPlacementRange(start=s, size=n) for s, n in p.placements],
+                media=_media(p),
             )
             for p, placeable in c.mig_room
         ],
+    )
+
+
+def _media(p: MigProfile) -> pb.MediaEngines | None:
+    m = p.media
+    if m is None:
+        return None
+    return pb.MediaEngines(
+        decoders=m.decoders,
+        encoders=m.encoders,
+        jpeg_decoders=m.jpeg_decoders,
+        optical_flow=m.optical_flow,
+        copy_engines=m.copy_engines,
     )
 
 
@@ -155,6 +177,7 @@ def _card_mode(request: pb.SetCardModeRequest) -> tuple[str, CardMode, SharingPo
 
 def _create_request(request: pb.CreatePartitionRequest) -> CreateRequest:
     owner, ttl = req.owner_from_pb(request.owner)
+    mig_profile, mig_start = req.mig_choice(request)
     return CreateRequest(
         owner=owner,
         gpu=str(req.gpu_ref(request.gpu, allow_any=True)),
@@ -164,6 +187,8 @@ def _create_request(request: pb.CreatePartitionRequest) -> CreateRequest:
         lease_ttl_seconds=ttl,
         allow_faulty_gpus=request.allow_faulty_gpus,
         client_uid=req.client_uid(request),
+        mig_profile=mig_profile,
+        mig_placement_start=mig_start,
     )
 
 

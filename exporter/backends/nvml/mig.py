@@ -21,7 +21,7 @@ from exporter.backends.nvml.handles import (
     GpuInstanceHandle,
     GpuInstanceProfileInfo,
 )
-from exporter.backends.types import UNSUPPORTED, MigInstance, MigProfile, Unsupported
+from exporter.backends.types import UNSUPPORTED, MediaEngines, MigInstance, MigProfile, Unsupported
 
 _MIB: Final = 1024 * 1024
 _MAX_PLACEMENTS: Final = 64  # more than any card's memory-slice count
@@ -63,9 +63,21 @@ def read_profiles(h: DeviceHandle) -> tuple[MigProfile, ...]:
                 sm_count=int(info.multiprocessorCount),
                 instance_count=int(info.instanceCount),
                 placements=tuple((int(p.start), int(p.size)) for p in placements),
+                media=_media(info),
             )
         )
     return tuple(profiles)
+
+
+_MEDIA_FIELDS = ("decoderCount", "encoderCount", "jpegCount", "ofaCount", "copyEngineCount")
+
+
+def _media(info: object) -> MediaEngines | None:
+    """The profile's engine counts; None when the structure lacks them (every NVML since R450 has them)."""
+    if not all(hasattr(info, f) for f in _MEDIA_FIELDS):
+        return None
+    counts = [int(getattr(info, f)) for f in _MEDIA_FIELDS]
+    return MediaEngines(*counts)
 
 
 def _gi_profile_info(h: DeviceHandle, const: int) -> GpuInstanceProfileInfo | None:

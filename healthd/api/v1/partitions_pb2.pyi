@@ -28,16 +28,28 @@ TDM_SHARING_ISOLATED: TdmSharing
 TDM_SHARING_SHARED: TdmSharing
 
 class Owner(_message.Message):
-    __slots__ = ("container", "pod", "process", "lease")
+    __slots__ = ("container", "pod", "process", "lease", "claim")
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     container: ContainerOwner
     pod: PodOwner
     process: ProcessOwner
     lease: LeaseOwner
-    def __init__(self, container: _Optional[_Union[ContainerOwner, _Mapping]] = ..., pod: _Optional[_Union[PodOwner, _Mapping]] = ..., process: _Optional[_Union[ProcessOwner, _Mapping]] = ..., lease: _Optional[_Union[LeaseOwner, _Mapping]] = ...) -> None: ...
+    claim: ClaimOwner
+    def __init__(self, container: _Optional[_Union[ContainerOwner, _Mapping]] = ..., pod: _Optional[_Union[PodOwner, _Mapping]] = ..., process: _Optional[_Union[ProcessOwner, _Mapping]] = ..., lease: _Optional[_Union[LeaseOwner, _Mapping]] = ..., claim: _Optional[_Union[ClaimOwner, _Mapping]] = ...) -> None: ...
+
+class ClaimOwner(_message.Message):
+    __slots__ = ("namespace", "name", "uid")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    name: str
+    uid: str
+    def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
 
 class ContainerOwner(_message.Message):
     __slots__ = ("id", "cgroup_path")
@@ -84,7 +96,7 @@ class LeaseOwner(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., kubelet_device: _Optional[_Union[KubeletDevice, _Mapping]] = ...) -> None: ...
 
 class CreatePartitionRequest(_message.Message):
-    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus", "client_uid")
+    __slots__ = ("owner", "gpu", "compute_percent", "memory", "request_id", "allow_faulty_gpus", "client_uid", "mig_profile", "mig_placement_start")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +104,8 @@ class CreatePartitionRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FAULTY_GPUS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_UID_FIELD_NUMBER: _ClassVar[int]
+    MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MIG_PLACEMENT_START_FIELD_NUMBER: _ClassVar[int]
     owner: Owner
     gpu: str
     compute_percent: int
@@ -99,7 +113,9 @@ class CreatePartitionRequest(_message.Message):
     request_id: str
     allow_faulty_gpus: bool
     client_uid: int
-    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ..., client_uid: _Optional[int] = ...) -> None: ...
+    mig_profile: str
+    mig_placement_start: int
+    def __init__(self, owner: _Optional[_Union[Owner, _Mapping]] = ..., gpu: _Optional[str] = ..., compute_percent: _Optional[int] = ..., memory: _Optional[str] = ..., request_id: _Optional[str] = ..., allow_faulty_gpus: _Optional[bool] = ..., client_uid: _Optional[int] = ..., mig_profile: _Optional[str] = ..., mig_placement_start: _Optional[int] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path", "options")
@@ -249,7 +265,7 @@ class ForeignMigInstance(_message.Message):
     def __init__(self, gpu_instance_id: _Optional[int] = ..., profile: _Optional[str] = ..., placement_start: _Optional[int] = ..., placement_size: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class CardCapacity(_message.Message):
-    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled", "mig_profiles", "tdm_sharing")
+    __slots__ = ("gpu", "gpu_uuid", "mode", "partitions", "compute_percent_allocated", "memory_allocated_bytes", "memory_total_bytes", "mig_memory_slices_free", "foreign_mig_instances", "hardware_mig_enabled", "mig_profiles", "tdm_sharing", "mig_memory_slices", "driver_version", "architecture", "cuda_compute_capability")
     GPU_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +278,10 @@ class CardCapacity(_message.Message):
     HARDWARE_MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
     MIG_PROFILES_FIELD_NUMBER: _ClassVar[int]
     TDM_SHARING_FIELD_NUMBER: _ClassVar[int]
+    MIG_MEMORY_SLICES_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     gpu_uuid: str
     mode: PartitionMode
@@ -274,23 +294,53 @@ class CardCapacity(_message.Message):
     hardware_mig_enabled: bool
     mig_profiles: _containers.RepeatedCompositeFieldContainer[MigProfileRoom]
     tdm_sharing: str
-    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfileRoom, _Mapping]]] = ..., tdm_sharing: _Optional[str] = ...) -> None: ...
+    mig_memory_slices: int
+    driver_version: str
+    architecture: str
+    cuda_compute_capability: str
+    def __init__(self, gpu: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mode: _Optional[_Union[PartitionMode, str]] = ..., partitions: _Optional[int] = ..., compute_percent_allocated: _Optional[int] = ..., memory_allocated_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., mig_memory_slices_free: _Optional[int] = ..., foreign_mig_instances: _Optional[_Iterable[_Union[ForeignMigInstance, _Mapping]]] = ..., hardware_mig_enabled: _Optional[bool] = ..., mig_profiles: _Optional[_Iterable[_Union[MigProfileRoom, _Mapping]]] = ..., tdm_sharing: _Optional[str] = ..., mig_memory_slices: _Optional[int] = ..., driver_version: _Optional[str] = ..., architecture: _Optional[str] = ..., cuda_compute_capability: _Optional[str] = ...) -> None: ...
+
+class MigPlacementRange(_message.Message):
+    __slots__ = ("start", "size")
+    START_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    size: int
+    def __init__(self, start: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class MediaEngines(_message.Message):
+    __slots__ = ("decoders", "encoders", "jpeg_decoders", "optical_flow", "copy_engines")
+    DECODERS_FIELD_NUMBER: _ClassVar[int]
+    ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    JPEG_DECODERS_FIELD_NUMBER: _ClassVar[int]
+    OPTICAL_FLOW_FIELD_NUMBER: _ClassVar[int]
+    COPY_ENGINES_FIELD_NUMBER: _ClassVar[int]
+    decoders: int
+    encoders: int
+    jpeg_decoders: int
+    optical_flow: int
+    copy_engines: int
+    def __init__(self, decoders: _Optional[int] = ..., encoders: _Optional[int] = ..., jpeg_decoders: _Optional[int] = ..., optical_flow: _Optional[int] = ..., copy_engines: _Optional[int] = ...) -> None: ...
 
 class MigProfileRoom(_message.Message):
-    __slots__ = ("profile", "profile_id", "memory_bytes", "sm_count", "instance_count", "placeable")
+    __slots__ = ("profile", "profile_id", "memory_bytes", "sm_count", "instance_count", "placeable", "placements", "media")
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     SM_COUNT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     PLACEABLE_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
     profile: str
     profile_id: int
     memory_bytes: int
     sm_count: int
     instance_count: int
     placeable: int
-    def __init__(self, profile: _Optional[str] = ..., profile_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., instance_count: _Optional[int] = ..., placeable: _Optional[int] = ...) -> None: ...
+    placements: _containers.RepeatedCompositeFieldContainer[MigPlacementRange]
+    media: MediaEngines
+    def __init__(self, profile: _Optional[str] = ..., profile_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sm_count: _Optional[int] = ..., instance_count: _Optional[int] = ..., placeable: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[MigPlacementRange, _Mapping]]] = ..., media: _Optional[_Union[MediaEngines, _Mapping]] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("gpu",)

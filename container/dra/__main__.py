@@ -1,0 +1,3 @@
+from container.dra.main import main
+
+raise SystemExit(main())
