@@ -17,6 +17,7 @@ from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import SerialExecutor, in_daemon_thread
 from exporter.sampler import Sampler
+from exporter.supervision import Workers
 from healthd.component import ComponentBase
 from healthd.faults import service as health_service
 from healthd.faults.engine import CheckState, FaultEngine
@@ -52,6 +53,7 @@ class FindingSources:
     device: GuardedBackend
     sampler: Sampler
     host: HostView
+    workers: Workers | None = None  # the node's supervised threads (the XID watcher's run under it)
 
 
 class HealthComponent(ComponentBase):
@@ -94,7 +96,9 @@ class HealthComponent(ComponentBase):
             s = sources
             self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine)
             s.sampler.subscribe(self.probes.on_snapshot, "probes")
-            self.xid = build_watcher(s.health.xid, s.device, self.engine, s.sampler.latest, s.host.kmsg_path)
+            self.xid = build_watcher(
+                s.health.xid, s.device, self.engine, s.sampler.latest, s.host.kmsg_path, workers=s.workers
+            )
         self._ticker: asyncio.Task[None] | None = None
 
     def collectors(self) -> Sequence[Collector]:
@@ -156,7 +160,7 @@ class HealthComponent(ComponentBase):
 
 
 def build(node: Node) -> HealthComponent:
-    sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host)
+    sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers)
     journal = Journal(node.state_dir / JOURNAL_FILE)
     component = HealthComponent(
         journal, node.settings(FaultsSettings), node.settings(HookSettings), sources, clock=node.clock

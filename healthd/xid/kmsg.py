@@ -37,6 +37,8 @@ from pathlib import Path
 
 import structlog
 
+from exporter.supervision import Workers
+
 log = structlog.get_logger("kmsg")
 
 DEFAULT_KMSG_PATH = Path("/dev/kmsg")
@@ -274,8 +276,10 @@ class KmsgReader:
         *,
         from_start: bool = False,
         poll_seconds: float = 0.2,
+        workers: Workers | None = None,
     ) -> None:
         self.path = path
+        self._workers = workers or Workers()
         self._on_record = on_record
         self._from_start = from_start
         self._poll = poll_seconds
@@ -289,8 +293,7 @@ class KmsgReader:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kmsg-reader", daemon=True)
-            self._thread.start()
+            self._thread = self._workers.start("kmsg-reader", self._run, self._stop)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
