@@ -8,11 +8,15 @@ This is the piece an operator adapts to call their standby-swap API. What it pro
   the daemon retries with backoff; the command then runs again on the next delivery. We chose a retryable error
   over "ack and forget" because a swap that did not happen must not be lost; a command that should not be
   retried can exit 0 after logging the problem itself.
+- A command outlives the delivery that started it: when the caller goes away mid-run (its deadline passed, the
+  daemon died), the command runs to its end and its outcome is stored all the same; a delivery of the same id
+  that arrives meanwhile waits for that run instead of starting a second one.
 - If this server dies while the command runs, the id is recorded as started but not finished, and the next
   delivery runs it again: at-least-once. The command gets XPU_FAULT_ID in its environment to make it idempotent
   on the operator's side.
 
-Deliveries are handled one at a time (the daemon sends them in order and waits for each acknowledgement).
+Deliveries are handled one at a time, and commands run one at a time (the daemon sends them in order and waits
+for each acknowledgement).
 """
 
 from __future__ import annotations
@@ -166,7 +170,9 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         self._store = store
         self._command = command
         self._timeout = command_timeout
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one delivery at a time
+        self._command_lock = asyncio.Lock()  # one command at a time, also after its delivery was cancelled
+        self._running: dict[str, asyncio.Task[tuple[int, str]]] = {}  # fault id -> its command, run to the end
 
     async def ReportFault(  # noqa: N802
         self, request: hpb.FaultReport, context: grpc.aio.ServicerContext[hpb.FaultReport, hpb.ReportFaultAck]
@@ -184,13 +190,31 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
             if prior is not None and prior.succeeded:
                 log.info("duplicate delivery", fault_id=key)
                 return hpb.ReportFaultAck(duplicate=True, outcome=prior.outcome)
+            task = self._running.get(key)
+            if task is None:
+                task = self._running[key] = asyncio.create_task(self._execute(request, key), name=f"hook {key}")
+                task.add_done_callback(lambda _: self._running.pop(key, None))
+            else:
+                log.info("delivery of a fault whose command is running; waiting for that run", fault_id=key)
+            # the caller going away cancels this handler, never the command (nor the storing of its outcome)
+            code, outcome = await asyncio.shield(task)
+        if code != 0:
+            raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
+        return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
+
+    async def _execute(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
+        async with self._command_lock:
             await asyncio.to_thread(self._store.started, key, time.time())
             code, outcome = await self._run(request, key)
             await asyncio.to_thread(self._store.finished, key, time.time(), code, outcome)
         log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
-        if code != 0:
-            raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
-        return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
+        return code, outcome
+
+    async def drain(self, timeout: float) -> None:
+        """Let commands whose delivery went away finish and store their outcome (at most ``timeout`` seconds)."""
+        running = list(self._running.values())
+        if running:
+            await asyncio.wait(running, timeout=timeout)
 
     async def _run(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
         env = {
@@ -251,9 +275,8 @@ async def serve(
         raise ValueError(f"--listen {listen}: a TCP hook needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca)")
     store = ExecutionStore(state)
     server = grpc.aio.server(interceptors=[RequestGuard()])
-    hpb_grpc.add_ReplacementHookServicer_to_server(
-        ReferenceHook(store, command, command_timeout=command_timeout), server
-    )
+    hook = ReferenceHook(store, command, command_timeout=command_timeout)
+    hpb_grpc.add_ReplacementHookServicer_to_server(hook, server)
     _prepare_unix_socket(listen)
     try:
         port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
@@ -267,4 +290,5 @@ async def serve(
         await stop.wait()
     finally:
         await server.stop(5.0)
+        await hook.drain(command_timeout)
         store.close()
