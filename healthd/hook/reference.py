@@ -210,11 +210,11 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
         log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
         return code, outcome
 
-    async def drain(self, timeout: float) -> None:
-        """Let commands whose delivery went away finish and store their outcome (at most ``timeout`` seconds)."""
+    async def drain(self) -> None:
+        """Let commands whose delivery went away finish and store their outcome (each is bounded by its timeout)."""
         running = list(self._running.values())
         if running:
-            await asyncio.wait(running, timeout=timeout)
+            await asyncio.wait(running)
 
     async def _run(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
         env = {
@@ -290,5 +290,5 @@ async def serve(
         await stop.wait()
     finally:
         await server.stop(5.0)
-        await hook.drain(command_timeout)
+        await hook.drain()
         store.close()
