@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from exporter.executor import SerialExecutor, in_daemon_thread
 from exporter.sampler import Sampler
 from exporter.supervision import Workers
 from healthd.component import ComponentBase
+from healthd.daemon.config import DaemonSettings
 from healthd.faults import service as health_service
 from healthd.faults.engine import CheckState, FaultEngine
 from healthd.faults.escalation import read_boot_id
@@ -32,6 +32,7 @@ from healthd.faults.settings import FaultsSettings, HookSettings
 from healthd.findings import Action
 from healthd.host.view import HostView
 from healthd.node import Node
+from healthd.node_name import canonical_node_name
 from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
@@ -71,8 +72,12 @@ class HealthComponent(ComponentBase):
         *,
         clock: Callable[[], float] = time.time,
         boot_id: str | None = None,
+        node_name: str = "",
     ) -> None:
+        """``node_name``: the node's canonical name (healthd/node_name.py); empty: worked out from [hook], the
+        environment and the host name."""
         self.journal = journal
+        self.node_name = node_name or canonical_node_name(hook.node_name)
         self.engine = FaultEngine(
             journal,
             faults,
@@ -85,11 +90,11 @@ class HealthComponent(ComponentBase):
         self.engine.add_listener(self.signal.notify)
         self.io = SerialExecutor("journal-io")  # journal reads, outbox updates and the engine tick, off the loop
         self.dispatcher = HookDispatcher(
-            journal, hook, self.signal, self.io, node_name=hook.node_name or socket.gethostname(), clock=clock
+            journal, hook, self.signal, self.io, node_name=self.node_name, clock=clock
         )
         self.service = HealthService(self.engine, self.signal, self.io)
         self.admin_service = HealthService(self.engine, self.signal, self.io, writable=True)  # on the admin socket
-        self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
+        self.collector = FaultMetricsCollector(self.engine, self.dispatcher, node_name=self.node_name)
         self.probes: ProbeRunner | None = None
         self.xid: XidWatcher | None = None
         if sources is not None:
@@ -162,8 +167,8 @@ class HealthComponent(ComponentBase):
 def build(node: Node) -> HealthComponent:
     sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers)
     journal = Journal(node.state_dir / JOURNAL_FILE)
-    component = HealthComponent(
-        journal, node.settings(FaultsSettings), node.settings(HookSettings), sources, clock=node.clock
-    )
+    hook = node.settings(HookSettings)
+    name = canonical_node_name(node.settings(DaemonSettings).node_name, hook.node_name)
+    component = HealthComponent(journal, node.settings(FaultsSettings), hook, sources, clock=node.clock, node_name=name)
     node.answer(faults=component)
     return component

@@ -33,7 +33,6 @@ NON_NONE = {a.label for a in Action if a > Action.RESTART_APP}
 
 # alert -> the probe fault codes raised for the same condition
 MIRRORED: dict[str, tuple[str, ...]] = {
-    "XpuGpuFallenOffBus": ("gpu_lost",),
     "XpuGpuMissing": ("gpu_count_low",),
     "XpuGpuResetRequired": ("gpu_reset_required",),
     "XpuGpuDriverCallHung": ("driver_call_timeout",),
@@ -52,7 +51,6 @@ MIRRORED: dict[str, tuple[str, ...]] = {
 }
 # alert -> XIDs of the catalog that report the same condition
 MIRRORED_XIDS: dict[str, tuple[int, ...]] = {
-    "XpuGpuFallenOffBus": (79,),  # GPU fallen off the bus
     "XpuGpuVolatileUncorrectableEcc": (48,),  # double-bit ECC error
 }
 # alerts no probe or XID turns into a fault: a person looks first
