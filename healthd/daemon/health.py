@@ -89,9 +89,7 @@ class HealthComponent(ComponentBase):
         self.signal = CommitSignal(journal.last_seq)
         self.engine.add_listener(self.signal.notify)
         self.io = SerialExecutor("journal-io")  # journal reads, outbox updates and the engine tick, off the loop
-        self.dispatcher = HookDispatcher(
-            journal, hook, self.signal, self.io, node_name=self.node_name, clock=clock
-        )
+        self.dispatcher = HookDispatcher(journal, hook, self.signal, self.io, node_name=self.node_name, clock=clock)
         self.service = HealthService(self.engine, self.signal, self.io)
         self.admin_service = HealthService(self.engine, self.signal, self.io, writable=True)  # on the admin socket
         self.collector = FaultMetricsCollector(self.engine, self.dispatcher, node_name=self.node_name)
