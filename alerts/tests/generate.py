@@ -154,9 +154,12 @@ CASES = [
     Case(
         "XpuGpuRowRemapFailure",
         "remap failure",
-        {f"xpu_gpu_row_remap_failure{{{G3}}}": "0 1x5"},
+        {
+            f"xpu_gpu_row_remap_failure{{{G3}}}": "0 1x5",
+            f'xpu_faults_active{{{F3},code="ecc_row_remap_failure",action="replace_node",severity="fatal"}}': "0 1x5",
+        },
         quiet=["1m"],
-        fire=[Fire("3m", GPU3, "fatal", "replace_node")],
+        fire=[Fire("3m", {**GPU3, **FID}, "fatal", "replace_node")],
     ),
     Case(
         "XpuGpuMemoryLeak",

@@ -39,7 +39,6 @@ MIRRORED: dict[str, tuple[str, ...]] = {
     "XpuDriverDown": ("driver_unavailable",),
     "XpuGpuVolatileUncorrectableEcc": ("ecc_uncorrectable_volatile",),
     "XpuGpuRowRemapPending": ("ecc_row_remap_pending",),
-    "XpuGpuRowRemapFailure": ("ecc_row_remap_failure",),
     "XpuGpuMemoryLeak": ("memory_unowned",),
     "XpuGpuNvlinkDown": ("nvlink_down",),
     "XpuGpuNvlinkCrcErrorRateHigh": ("nvlink_crc_rate",),
