@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -38,6 +39,7 @@ from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
 from healthd.rpc.server import Service
 from healthd.xid.metrics import XidCollector
+from healthd.xid.kmsg_cursor import CURSOR_FILE, KmsgCursor
 from healthd.xid.watcher import XidWatcher, build_watcher
 
 log = structlog.get_logger("faults")
@@ -55,6 +57,7 @@ class FindingSources:
     sampler: Sampler
     host: HostView
     workers: Workers | None = None  # the node's supervised threads (the XID watcher's run under it)
+    state_dir: Path | None = None  # where the kernel-log reader keeps its position (None: not kept)
 
 
 class HealthComponent(ComponentBase):
@@ -99,8 +102,15 @@ class HealthComponent(ComponentBase):
             s = sources
             self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine)
             s.sampler.subscribe(self.probes.on_snapshot, "probes")
+            cursor = KmsgCursor(s.state_dir / CURSOR_FILE, self.engine.boot_id) if s.state_dir is not None else None
             self.xid = build_watcher(
-                s.health.xid, s.device, self.engine, s.sampler.latest, s.host.kmsg_path, workers=s.workers
+                s.health.xid,
+                s.device,
+                self.engine,
+                s.sampler.latest,
+                s.host.kmsg_path,
+                workers=s.workers,
+                kmsg_cursor=cursor,
             )
         self._ticker: asyncio.Task[None] | None = None
 
@@ -163,7 +173,9 @@ class HealthComponent(ComponentBase):
 
 
 def build(node: Node) -> HealthComponent:
-    sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers)
+    sources = FindingSources(
+        node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers, node.state_dir
+    )
     journal = Journal(node.state_dir / JOURNAL_FILE)
     hook = node.settings(HookSettings)
     name = canonical_node_name(node.settings(DaemonSettings).node_name, hook.node_name)

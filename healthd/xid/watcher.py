@@ -33,6 +33,7 @@ from exporter.supervision import Workers
 from healthd.findings import Finding, FindingKind, GpuRef
 from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
+from healthd.xid.kmsg_cursor import KmsgCursor
 
 log = structlog.get_logger("xid")
 
@@ -234,6 +235,7 @@ class XidWatcher:
         nvml_retry_seconds: float = 10.0,  # back-off after the event call fails (driver not loaded yet, GPU lost)
         kmsg_poll_seconds: float = 0.2,
         workers: Workers | None = None,
+        kmsg_cursor: KmsgCursor | None = None,  # where the kernel-log reader left off (replay after a restart)
     ) -> None:
         self._workers = workers or Workers()
         self.settings = settings or XidSettings()
@@ -254,6 +256,7 @@ class XidWatcher:
                 from_start=kmsg_from_start,
                 poll_seconds=kmsg_poll_seconds,
                 workers=self._workers,
+                cursor=kmsg_cursor,
             )
             if kmsg_path is not None
             else None
@@ -423,7 +426,10 @@ def build_watcher(
     kmsg_path: Path | None,
     clock: Callable[[], float] = time.time,
     workers: Workers | None = None,
+    kmsg_cursor: KmsgCursor | None = None,
 ) -> XidWatcher:
     """The XID watcher with the catalog and the configured overrides; ``kmsg_path`` None: no kernel-log source."""
     catalog = load_catalog(overrides=settings.overrides)
-    return XidWatcher(backend, kmsg_path, catalog, sink, clock, snapshots, settings, workers=workers)
+    return XidWatcher(
+        backend, kmsg_path, catalog, sink, clock, snapshots, settings, workers=workers, kmsg_cursor=kmsg_cursor
+    )
