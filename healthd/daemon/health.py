@@ -38,8 +38,8 @@ from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
 from healthd.rpc.server import Service
-from healthd.xid.metrics import XidCollector
 from healthd.xid.kmsg_cursor import CURSOR_FILE, KmsgCursor
+from healthd.xid.metrics import XidCollector
 from healthd.xid.watcher import XidWatcher, build_watcher
 
 log = structlog.get_logger("faults")
