@@ -309,21 +309,28 @@ def counted(counter: str, window: str = RI) -> str:
 def faults_per_card(where: str, *, instance: bool = False) -> Panel:
     """Which card has which fault, with its action and since when: one row per active fault (gpu empty: node-wide).
 
-    "Since" is the first moment in the dashboard's time range at which the fault was active (a 1-minute subquery over
-    ``$__range``; a fault younger than the subquery's last step shows its latest sample): a fault older than the range
-    shows the range's start.
+    "Since" is when the daemon first saw the fault (``xpu_fault_opened_timestamp_seconds``), exact and independent of
+    the dashboard's time range; both queries carry the fault id, so each row is one fault.
     """
     active = f"xpu_faults_active{{{where}}} > 0"
-    columns = {"gpu": "Card", "uuid": "UUID", "code": "Code", "action": "Action", "severity": "Severity"}
+    columns = {
+        "gpu": "Card",
+        "uuid": "UUID",
+        "code": "Code",
+        "action": "Action",
+        "severity": "Severity",
+        "fault_id": "Fault",
+    }
     return Panel(
         "table",
         "Faults per card",
-        [table(active), table(f"1000 * (min_over_time(timestamp({active})[$__range:1m]) or timestamp({active}))")],
+        [table(active), table(f"1000 * xpu_fault_opened_timestamp_seconds{{{where}}}")],
         w=24,
         h=8,
-        description="Active faults of xpu-healthd, one row per card and fault; Card is empty for a node-wide fault.",
+        description="Active faults of xpu-healthd, one row per fault; Card is empty for a node-wide fault, Fault is the "
+        "daemon's fault id (`xpuctl faults show ID`, and the hook's idempotency key).",
         columns={**({"instance": "Node"} if instance else {}), **columns, "Value #B": "Since"},
-        hidden=("Value #A", *(() if instance else ("instance",))),
+        hidden=("Value #A", "node", *(() if instance else ("instance",))),
         units={"Value #B": "dateTimeAsIso"},
     )
 

@@ -4,7 +4,8 @@ The daemon is *serving* while it has fresh data from the driver library: a hung,
 about the node (the card is named, and the faults pipeline reacts to it), not a reason to restart the daemon.
 It is *down* before the first sample, while the driver library cannot be opened and when samples have stopped
 coming. Anything short of that is *degraded*: a card that is not answering, a driver lane stuck in a call, work
-piling up (the fault hook's outbox, the journal's queue).
+piling up (the fault hook's outbox, the journal's queue), a worker thread that failed and was restarted recently
+(exporter/supervision.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class NodeStatus:
     cards: tuple[CardStatus, ...] = ()
     stuck: tuple[str, ...] = ()  # hung driver lanes that are not a card (events, node-wide calls)
     backlogs: Mapping[str, int] = field(default_factory=_no_backlog)
+    failed_workers: tuple[str, ...] = ()  # supervised threads that failed recently, each described in one line
 
     @property
     def serving(self) -> bool:
@@ -96,6 +98,7 @@ def summarize(
     stale_seconds: float,
     hung: Sequence[HungCall] = (),
     backlogs: Mapping[str, int] | None = None,
+    failed_workers: Sequence[str] = (),
 ) -> NodeStatus:
     """``now`` is wall-clock (Snapshot times), ``mono_now`` monotonic (HungCall times)."""
     backlog = MappingProxyType({k: v for k, v in (backlogs or {}).items() if v > 0})
@@ -123,8 +126,11 @@ def summarize(
         text += "; stuck: " + ", ".join(stuck)
     if backlog:
         text += "; backlog: " + ", ".join(f"{k} {v}" for k, v in sorted(backlog.items()))
-    level = Level.DEGRADED if problems or stuck or backlog else Level.OK
-    return NodeStatus(level, text, cards, stuck, backlog)
+    workers = tuple(failed_workers)
+    if workers:
+        text += "; workers failed: " + ", ".join(workers)
+    level = Level.DEGRADED if problems or stuck or backlog or workers else Level.OK
+    return NodeStatus(level, text, cards, stuck, backlog, workers)
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -29,6 +29,7 @@ from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from exporter.health import NodeStatus, stale_after, summarize
 from exporter.sampler import Sampler, SamplerSettings
+from exporter.supervision import Workers, WorkersCollector
 from healthd.component import Component
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault
@@ -89,6 +90,7 @@ class Node:
         sampling = self.settings(SamplerSettings)
         self.device = GuardedBackend(DeviceAccess(backend, sampling))  # the only way to the driver
         self.sampler = Sampler(self.device, sampling)
+        self.workers = Workers()  # the long-lived threads, supervised (a failure degrades the status)
         # past this age of the last Snapshot the node is down (and the watchdog stops)
         self.stale_seconds = stale_after(
             sampling.interval_seconds, sampling.call_deadline_seconds, sampling.open_deadline_seconds
@@ -116,7 +118,7 @@ class Node:
         return tuple(self._components)
 
     def collectors(self) -> list[Collector]:
-        return [c for part in self._components for c in part.collectors()]
+        return [c for part in self._components for c in part.collectors()] + [WorkersCollector(self.workers)]
 
     def services(self) -> list[Service]:
         return [s for part in self._components for s in part.services()]
@@ -187,6 +189,7 @@ class Node:
             stale_seconds=self.stale_seconds,
             hung=access.hung(),
             backlogs=backlogs,
+            failed_workers=tuple(f.describe(self.workers.now()) for f in self.workers.failing()),
         )
 
 

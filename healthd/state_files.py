@@ -5,11 +5,18 @@ start with a message that names the file, what moving it aside would lose and th
 (``xpu-healthd --move-aside faults|partitions``); the hook's file works the same way with
 ``xpuctl hook move-aside``. Moving aside renames the file and its WAL and shared-memory companions to
 ``<name>.corrupt-<UTC time>``, so nothing is deleted and the file can still be examined or repaired.
+
+Two kinds of damage SQLite itself takes for "nothing there" are caught before SQLite sees the file: a state file
+of zero bytes (the daemon's files always hold at least their header once created; SQLite would open an empty
+file as a new, empty database) and a write-ahead log whose header is not intact (SQLite discards such a WAL
+silently, and with it every commit not yet checkpointed into the main file). A WAL with an intact header but a
+torn last frame is not damage: SQLite keeps the commits before it, which is what a crash mid-write leaves.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +26,9 @@ from typing import Any
 SQLITE_CORRUPT = 11
 SQLITE_NOTADB = 26
 COMPANIONS = ("-wal", "-shm")  # WAL mode's files next to the database
+WAL_MAGIC = (0x377F0682, 0x377F0683)  # little- and big-endian checksums (sqlite src/wal.c)
+WAL_VERSION = 3007000
+WAL_HEADER_BYTES = 32
 
 
 class StateFileError(Exception):
@@ -74,6 +84,45 @@ def check_integrity(db: sqlite3.Connection) -> None:
         raise error
 
 
+def wal_header_problem(header: bytes) -> str | None:
+    """Why a WAL header is not intact, or None when it is (magic, version and checksum as in sqlite src/wal.c)."""
+    if len(header) < WAL_HEADER_BYTES:
+        return f"its write-ahead log is {len(header)} bytes, shorter than a WAL header"
+    magic, version = struct.unpack(">II", header[:8])
+    if magic not in WAL_MAGIC:
+        return "its write-ahead log does not start with the WAL magic number"
+    if version != WAL_VERSION:
+        return f"its write-ahead log has format version {version}, not {WAL_VERSION}"
+    order = ">" if magic & 1 else "<"
+    words = struct.unpack(f"{order}6I", header[:24])
+    s0 = s1 = 0
+    for i in range(0, 6, 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    if (s0, s1) != struct.unpack(">II", header[24:32]):
+        return "its write-ahead log header fails its checksum (SQLite would drop every commit in it)"
+    return None
+
+
+def damage_sqlite_ignores(path: Path) -> str | None:
+    """A zero-byte state file or a WAL whose header is not intact: damage SQLite would open as "no data"."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None  # a new file; a WAL without its database is SQLite's to ignore (nothing refers to it)
+    if size == 0:
+        return "the file is empty (0 bytes): a state file holds at least its header once created"
+    wal = path.with_name(path.name + "-wal")
+    try:
+        with wal.open("rb") as f:
+            header = f.read(WAL_HEADER_BYTES)
+    except FileNotFoundError:
+        return None
+    if not header:
+        return None  # an empty WAL (reset after a checkpoint) holds no commits
+    return wal_header_problem(header)
+
+
 def open_failure(path: Path, what: str, exc: sqlite3.DatabaseError) -> StateFileError:
     """Not corruption: the file exists but SQLite cannot open or lock it (permissions, read-only, locked)."""
     return StateFileError(path, f"{what} {path}: cannot open it: {exc}")
@@ -96,6 +145,12 @@ def open_state_db(
     The connection is in autocommit mode and may be used from any thread (the store serialises with its lock).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        damage = damage_sqlite_ignores(path)
+    except OSError as exc:  # the WAL exists but cannot be read (permissions)
+        raise StateFileError(path, f"{what} {path}: cannot read its write-ahead log: {exc}") from None
+    if damage is not None:
+        raise corrupt(path, damage)
     try:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
     except sqlite3.DatabaseError as exc:  # cannot open it at all (a directory, no permission)

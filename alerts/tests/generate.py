@@ -27,6 +27,8 @@ G3 = f'{N},gpu="3",uuid="{U}"'
 NODE = {"instance": "node1:9410"}
 GPU3 = {**NODE, "gpu": "3", "uuid": U}
 RESET_CRITICAL = 'action="reset_gpu",severity="critical"'
+FID = {"fault_id": "flt-3", "node": "node1"}  # what the daemon's fault metrics carry besides the card
+F3 = f'{G3},fault_id="flt-3",node="node1"'
 REBOOT_CRITICAL = 'action="reboot_node",severity="critical"'
 
 
@@ -52,16 +54,22 @@ class Case:
 CASES = [
     Case(
         "XpuGpuFallenOffBus",
-        "a lost card fires after 1m",
-        {f'xpu_gpu_sample_failure{{{G3},code="gpu_lost"}}': "1x10"},
+        "a lost card fires after 1m, with the daemon's fault id and node name",
+        {
+            f'xpu_gpu_sample_failure{{{G3},code="gpu_lost"}}': "1x10",
+            f'xpu_faults_active{{{F3},code="gpu_lost",action="replace_node",severity="fatal"}}': "1x10",
+        },
         quiet=["0m"],
-        fire=[Fire("2m", GPU3, "fatal", "replace_node")],
+        fire=[Fire("2m", {**GPU3, **FID}, "fatal", "replace_node")],
         quiet_alerts=["XpuGpuResetRequired", "XpuGpuDriverCallHung"],
     ),
     Case(
         "XpuGpuFallenOffBus",
         "a card that comes and goes every minute never fires",
-        {f'xpu_gpu_sample_failure{{{G3},code="gpu_lost"}}': "1 stale 1 stale 1 stale 1 stale"},
+        {
+            f'xpu_gpu_sample_failure{{{G3},code="gpu_lost"}}': "1 stale 1 stale 1 stale 1 stale",
+            f'xpu_faults_active{{{F3},code="gpu_lost",action="replace_node",severity="fatal"}}': "1x10",
+        },
         quiet=["0m", "1m", "2m", "3m", "4m", "5m", "6m"],
     ),
     Case(
@@ -103,19 +111,19 @@ CASES = [
         "XpuGpuDriverRequestsRecovery",
         "the driver probe decoded a drain-and-reset request on GPU 3: the fault's action and severity",
         {
-            f'xpu_faults_active{{{G3},code="recovery_action_drain_and_reset",{RESET_CRITICAL}}}': "0 0 1x5",
+            f'xpu_faults_active{{{F3},code="recovery_action_drain_and_reset",{RESET_CRITICAL}}}': "0 0 1x5",
             f"xpu_gpu_recovery_action{{{G3}}}": "0 0 4x5",
         },
         quiet=["1m", "2m"],
-        fire=[Fire("4m", {**GPU3, "code": "recovery_action_drain_and_reset"}, "critical", "reset_gpu")],
+        fire=[Fire("4m", {**GPU3, **FID, "code": "recovery_action_drain_and_reset"}, "critical", "reset_gpu")],
         quiet_alerts=["XpuGpuDriverRecoveryAdvice"],
     ),
     Case(
         "XpuGpuDriverRequestsRecovery",
         "a reboot request",
-        {f'xpu_faults_active{{{G3},code="recovery_action_node_reboot",{REBOOT_CRITICAL}}}': "0 1x5"},
+        {f'xpu_faults_active{{{F3},code="recovery_action_node_reboot",{REBOOT_CRITICAL}}}': "0 1x5"},
         quiet=["1m"],
-        fire=[Fire("3m", {**GPU3, "code": "recovery_action_node_reboot"}, "critical", "reboot_node")],
+        fire=[Fire("3m", {**GPU3, **FID, "code": "recovery_action_node_reboot"}, "critical", "reboot_node")],
     ),
     Case(
         "XpuGpuDriverRecoveryAdvice",
@@ -146,9 +154,12 @@ CASES = [
     Case(
         "XpuGpuRowRemapFailure",
         "remap failure",
-        {f"xpu_gpu_row_remap_failure{{{G3}}}": "0 1x5"},
+        {
+            f"xpu_gpu_row_remap_failure{{{G3}}}": "0 1x5",
+            f'xpu_faults_active{{{F3},code="ecc_row_remap_failure",action="replace_node",severity="fatal"}}': "0 1x5",
+        },
         quiet=["1m"],
-        fire=[Fire("3m", GPU3, "fatal", "replace_node")],
+        fire=[Fire("3m", {**GPU3, **FID}, "fatal", "replace_node")],
     ),
     Case(
         "XpuGpuMemoryLeak",
@@ -271,13 +282,13 @@ CASES = [
         "XpuFatalXid",
         "XID 79 fault with the catalog action replace_node",
         {
-            f'xpu_faults_active{{{G3},code="xid_79",action="replace_node",severity="fatal"}}': "0 1x5",
+            f'xpu_faults_active{{{F3},code="xid_79",action="replace_node",severity="fatal"}}': "0 1x5",
             f'xpu_faults_active{{{N},gpu="4",uuid="GPU-4",code="xid_13",action="restart_app",severity="warning"}}': (
                 "0 1x5"
             ),
         },
         quiet=["1m"],
-        fire=[Fire("2m", {**GPU3, "code": "xid_79"}, "fatal", "replace_node")],
+        fire=[Fire("2m", {**GPU3, **FID, "code": "xid_79"}, "fatal", "replace_node")],
     ),
     Case(
         "XpuFatalXid",

@@ -94,8 +94,10 @@ class GuardedBackend:
         return self._run(index, "nvlink_peers", _bind(self.access.backend.nvlink_peers, index), self._read)
 
     def wait_event(self, timeout_s: float) -> DeviceEvent | None:
+        """The next driver event; one that a stuck wait returns after its deadline is the next call's answer."""
         fn = self.access.backend.wait_event
-        return self._run(EVENTS, "wait_event", lambda: fn(timeout_s), timeout_s + self._read)
+        deadline = timeout_s + self._read
+        return self.access.submit(EVENTS, "wait_event", lambda: fn(timeout_s), deadline, keep_late=True).result()
 
     def profiling(self, index: int, mig_instances: tuple[MigInstance, ...] = ()) -> DeviceProfiling:
         fn = self.access.backend.profiling

@@ -10,6 +10,11 @@ waits past the call's deadline:
   healthy again by itself.
 - A hung card therefore costs exactly its own lane's thread, however long it stays hung and however many
   callers try it: no thread is started per call, and no shared pool ever waits on the driver.
+- A call whose answer is data that must not be lost (the driver's event wait: the event it returns late is often
+  the XID 79 of the card that stalled it) is submitted with ``keep_late=True``: an answer that comes back after
+  its caller gave up is kept on the lane and is the answer of the next call of the same name, which then does not
+  reach the driver. Other calls are reads that the next caller repeats anyway; their late answers only reach
+  ``Pending.outcome`` (a late MIG create is adopted through it).
 
 :class:`DeviceAccess` owns the lanes of one backend and their call counters; :meth:`DeviceAccess.submit` returns a
 :class:`Pending` that a thread waits on with ``result()`` and the event loop with ``await wait()``. The Backend
@@ -87,6 +92,9 @@ class HungCall:
         return f"{where}: {self.call} has not returned after {now - self.since:.0f}s"
 
 
+_LATE_KEPT = 64  # late answers kept per call name: one stuck call returns one; a bound all the same
+
+
 def scope_name(scope: Scope) -> str:
     return f"GPU {scope}" if isinstance(scope, int) else f"driver ({scope} calls)"
 
@@ -100,6 +108,7 @@ class _Job:
     future: Future[Any] = field(default_factory=Future)  # what the caller sees: may be a timeout
     outcome: Future[Any] = field(default_factory=Future)  # what the driver answered, whenever it does
     started: float | None = None
+    keep_late: bool = False  # an answer after the caller gave up goes to the next call of this name
 
 
 def _fail(job: _Job, error: BaseException) -> None:
@@ -157,14 +166,23 @@ class Lane:
         self._current: _Job | None = None
         self._hung: HungCall | None = None
         self._closed = False
+        self._late: dict[str, deque[Any]] = {}  # call -> answers that came back after their caller gave up
         self._thread = threading.Thread(target=self._run, name=f"lane-{scope}", daemon=True)
         self._thread.start()
 
     # -- caller side ---------------------------------------------------------------------------------------------
 
-    def submit(self, call: str, fn: Callable[[], Any], deadline: float) -> _Job:
-        job = _Job(call, fn, deadline, self._monotonic())
+    def submit(self, call: str, fn: Callable[[], Any], deadline: float, *, keep_late: bool = False) -> _Job:
+        job = _Job(call, fn, deadline, self._monotonic(), keep_late=keep_late)
         with self._cond:
+            late = self._late.get(call)
+            if keep_late and late:
+                answer = late.popleft()  # a late answer is the next caller's, before anything new is asked
+                if not late:
+                    del self._late[call]
+                job.future.set_result(answer)
+                job.outcome.set_result(answer)
+                return job
             self._expire_locked(job.submitted)
             if self._hung is not None:
                 error = self._hung_error(call, job.submitted)
@@ -305,6 +323,7 @@ class Lane:
             if exc is not None:
                 code = exc.code if isinstance(exc, BackendError) else "internal"
                 self._counters.error(job.call, code)
+            late = job.future.done()  # its caller already got a timeout
             for future in (job.future, job.outcome):
                 if future.done():  # the caller's future, when the call came back too late
                     continue
@@ -312,6 +331,8 @@ class Lane:
                     future.set_result(result)
                 else:
                     future.set_exception(exc)
+            if late and job.keep_late and exc is None and result is not None:
+                self._late.setdefault(job.call, deque(maxlen=_LATE_KEPT)).append(result)
             self._cond.notify_all()
         if hung is not None:
             log.info(
@@ -349,9 +370,12 @@ class DeviceAccess:
                 lane = self._lanes[scope] = Lane(scope, self._counters, self._monotonic)
             return lane
 
-    def submit(self, scope: Scope, call: str, fn: Callable[[], T], deadline: float) -> Pending[T]:
+    def submit(
+        self, scope: Scope, call: str, fn: Callable[[], T], deadline: float, *, keep_late: bool = False
+    ) -> Pending[T]:
+        """Run ``fn`` on the lane of ``scope``; ``keep_late``: see the module docstring."""
         lane = self.lane(scope)
-        return Pending(lane, lane.submit(call, fn, deadline), self._monotonic)
+        return Pending(lane, lane.submit(call, fn, deadline, keep_late=keep_late), self._monotonic)
 
     def now(self) -> float:
         """The layer's monotonic clock (HungCall.since is on it)."""

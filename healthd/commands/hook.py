@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
     check_positive_seconds(args.command_timeout, "--command-timeout")
+    if not (math.isfinite(args.dedup_window) and args.dedup_window >= 0):
+        raise ValueError(f"--dedup-window: seconds, 0 or more (0: off), got {args.dedup_window}")
     tls = _server_tls(args)
     configure_logging(args.log_level)
 
@@ -38,7 +41,13 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(
-            args.listen, args.exec_command, args.state, command_timeout=args.command_timeout, stop=stop, tls=tls
+            args.listen,
+            args.exec_command,
+            args.state,
+            command_timeout=args.command_timeout,
+            stop=stop,
+            tls=tls,
+            dedup_window=args.dedup_window,
         )
 
     try:
@@ -103,6 +112,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--exec", dest="exec_command", required=True, metavar="CMD", help="shell command to run")
     serve.add_argument("--state", type=Path, default=DEFAULT_STATE, help="SQLite file of outcomes")
     serve.add_argument("--command-timeout", type=float, default=300.0, help="seconds before CMD is killed")
+    serve.add_argument(
+        "--dedup-window",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="a fault of the same node and condition (node and action; the card for a card action) as one whose "
+        "command started this recently and succeeded or runs is acknowledged without a run (0: off)",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     for flag, what in (
         ("--tls-cert", "the hook's server certificate"),

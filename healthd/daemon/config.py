@@ -46,6 +46,8 @@ class DaemonSettings:
     state_dir: Path = option(DEFAULT_STATE_DIR, absolute=True)
     simulate: str = ""  # a scenario name or file: a simulated node; "": real GPUs
     log_level: str = option("info", choices=LOG_LEVELS, lower=True)
+    # the node's name on every fault channel (hook push, fault metrics); "": NODE_NAME, else the lower-cased host name
+    node_name: str = ""
 
     def check(self) -> None:
         if self.admin_group:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -17,7 +17,9 @@ from exporter.backends.guarded import GuardedBackend
 from exporter.collectors.base import Collector
 from exporter.executor import SerialExecutor, in_daemon_thread
 from exporter.sampler import Sampler
+from exporter.supervision import Workers
 from healthd.component import ComponentBase
+from healthd.daemon.config import DaemonSettings
 from healthd.faults import service as health_service
 from healthd.faults.engine import CheckState, FaultEngine
 from healthd.faults.escalation import read_boot_id
@@ -31,10 +33,12 @@ from healthd.faults.settings import FaultsSettings, HookSettings
 from healthd.findings import Action
 from healthd.host.view import HostView
 from healthd.node import Node
+from healthd.node_name import canonical_node_name
 from healthd.probes import HealthSettings, default_probes
 from healthd.probes.metrics import ProbeCollector
 from healthd.probes.runner import ProbeRunner
 from healthd.rpc.server import Service
+from healthd.xid.kmsg_cursor import CURSOR_FILE, KmsgCursor
 from healthd.xid.metrics import XidCollector
 from healthd.xid.watcher import XidWatcher, build_watcher
 
@@ -52,6 +56,8 @@ class FindingSources:
     device: GuardedBackend
     sampler: Sampler
     host: HostView
+    workers: Workers | None = None  # the node's supervised threads (the XID watcher's run under it)
+    state_dir: Path | None = None  # where the kernel-log reader keeps its position (None: not kept)
 
 
 class HealthComponent(ComponentBase):
@@ -69,8 +75,12 @@ class HealthComponent(ComponentBase):
         *,
         clock: Callable[[], float] = time.time,
         boot_id: str | None = None,
+        node_name: str = "",
     ) -> None:
+        """``node_name``: the node's canonical name (healthd/node_name.py); empty: worked out from [hook], the
+        environment and the host name."""
         self.journal = journal
+        self.node_name = node_name or canonical_node_name(hook.node_name)
         self.engine = FaultEngine(
             journal,
             faults,
@@ -82,19 +92,26 @@ class HealthComponent(ComponentBase):
         self.signal = CommitSignal(journal.last_seq)
         self.engine.add_listener(self.signal.notify)
         self.io = SerialExecutor("journal-io")  # journal reads, outbox updates and the engine tick, off the loop
-        self.dispatcher = HookDispatcher(
-            journal, hook, self.signal, self.io, node_name=hook.node_name or socket.gethostname(), clock=clock
-        )
+        self.dispatcher = HookDispatcher(journal, hook, self.signal, self.io, node_name=self.node_name, clock=clock)
         self.service = HealthService(self.engine, self.signal, self.io)
         self.admin_service = HealthService(self.engine, self.signal, self.io, writable=True)  # on the admin socket
-        self.collector = FaultMetricsCollector(self.engine, self.dispatcher)
+        self.collector = FaultMetricsCollector(self.engine, self.dispatcher, node_name=self.node_name)
         self.probes: ProbeRunner | None = None
         self.xid: XidWatcher | None = None
         if sources is not None:
             s = sources
             self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine)
             s.sampler.subscribe(self.probes.on_snapshot, "probes")
-            self.xid = build_watcher(s.health.xid, s.device, self.engine, s.sampler.latest, s.host.kmsg_path)
+            cursor = KmsgCursor(s.state_dir / CURSOR_FILE, self.engine.boot_id) if s.state_dir is not None else None
+            self.xid = build_watcher(
+                s.health.xid,
+                s.device,
+                self.engine,
+                s.sampler.latest,
+                s.host.kmsg_path,
+                workers=s.workers,
+                kmsg_cursor=cursor,
+            )
         self._ticker: asyncio.Task[None] | None = None
 
     def collectors(self) -> Sequence[Collector]:
@@ -156,10 +173,12 @@ class HealthComponent(ComponentBase):
 
 
 def build(node: Node) -> HealthComponent:
-    sources = FindingSources(node.settings(HealthSettings), node.device, node.sampler, node.host)
-    journal = Journal(node.state_dir / JOURNAL_FILE)
-    component = HealthComponent(
-        journal, node.settings(FaultsSettings), node.settings(HookSettings), sources, clock=node.clock
+    sources = FindingSources(
+        node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers, node.state_dir
     )
+    journal = Journal(node.state_dir / JOURNAL_FILE)
+    hook = node.settings(HookSettings)
+    name = canonical_node_name(node.settings(DaemonSettings).node_name, hook.node_name)
+    component = HealthComponent(journal, node.settings(FaultsSettings), hook, sources, clock=node.clock, node_name=name)
     node.answer(faults=component)
     return component

@@ -175,7 +175,10 @@ class FaultEngine:
             records = self._commit(changes, now, ())
             if now - self._last_prune >= PRUNE_EVERY_SECONDS:
                 self._last_prune = now
-                pruned = self._journal.prune(now, self._s.retention_seconds, self._s.retention_max_resolved)
+                s = self._s
+                pruned = self._journal.prune(
+                    now, s.retention_seconds, s.retention_max_resolved, s.retention_max_records
+                )
                 if pruned:
                     log.info("journal retention", resolved_faults_deleted=pruned)
             return records

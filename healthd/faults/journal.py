@@ -162,8 +162,9 @@ class Journal:
             ).fetchone()
         return int(row[0]), bool(row[1])
 
-    def prune(self, now: float, max_age_seconds: float, max_resolved: int) -> int:
-        """Drop resolved faults and records older than the retention, and resolved faults beyond the count."""
+    def prune(self, now: float, max_age_seconds: float, max_resolved: int, max_records: int | None = None) -> int:
+        """Drop resolved faults and records older than the retention, resolved faults beyond their count, and the
+        oldest records and delivered hook items beyond ``max_records`` (a card that flaps for weeks)."""
         cutoff = now - max_age_seconds
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -179,6 +180,15 @@ class Journal:
                 self._db.execute("DELETE FROM records WHERE at < ?", (cutoff,))
                 self._db.execute("DELETE FROM outbox WHERE delivered_at IS NOT NULL AND delivered_at < ?", (cutoff,))
                 self._db.execute("DELETE FROM fatal_boots WHERE first_seen < ?", (cutoff,))
+                if max_records is not None:
+                    self._db.execute(
+                        "DELETE FROM records WHERE seq <= (SELECT MAX(seq) FROM records) - ?", (max_records,)
+                    )
+                    self._db.execute(
+                        "DELETE FROM outbox WHERE delivered_at IS NOT NULL AND seq <= "
+                        "(SELECT MAX(seq) FROM outbox WHERE delivered_at IS NOT NULL) - ?",
+                        (max_records,),
+                    )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -5,7 +5,6 @@ Implements the exporter's collector protocol (``name`` and ``collect(snapshot, n
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,9 +20,10 @@ STATUS_VALUES = tuple(s.value for s in CheckStatus)
 class FaultMetricsCollector:
     name = "faults"
 
-    def __init__(self, engine: FaultEngine, dispatcher: HookDispatcher | None = None) -> None:
+    def __init__(self, engine: FaultEngine, dispatcher: HookDispatcher | None = None, *, node_name: str = "") -> None:
         self._engine = engine
         self._dispatcher = dispatcher
+        self._node = node_name
 
     def collect(self, snapshot: Snapshot, now: float) -> Iterable[Metric]:
         status = GaugeMetricFamily(
@@ -38,17 +38,26 @@ class FaultMetricsCollector:
                 status.add_metric([r.check, gpu, uuid, value], 1.0 if r.status.value == value else 0.0)
         yield status
 
+        # one series per active fault (resolved ones leave): the fault id rides into the alert, and from there into
+        # the webhook's idempotency key, so both hook channels name a fault the same way
+        labels = ["gpu", "uuid", "code", "action", "severity", "fault_id", "node"]
         active = GaugeMetricFamily(
             "xpu_faults_active",
-            "Active faults by GPU (gpu and uuid empty: node-wide), code, recommended action and severity.",
-            labels=["gpu", "uuid", "code", "action", "severity"],
+            "Active faults, 1 per fault: GPU (gpu and uuid empty: node-wide), code, recommended action, severity, "
+            "the daemon's fault id and the node's canonical name.",
+            labels=labels,
         )
-        by_kind = Counter(
-            (*_gpu_labels(f.gpu), f.code, f.action.label, f.severity.name.lower()) for f in self._engine.active_faults()
+        opened = GaugeMetricFamily(
+            "xpu_fault_opened_timestamp_seconds",
+            "When each active fault was first seen (unix time), with the labels of xpu_faults_active.",
+            labels=labels,
         )
-        for labels, n in sorted(by_kind.items()):
-            active.add_metric(list(labels), float(n))
+        for f in sorted(self._engine.active_faults(), key=lambda f: f.opened_seq):
+            values = [*_gpu_labels(f.gpu), f.code, f.action.label, f.severity.name.lower(), f.id, self._node]
+            active.add_metric(values, 1.0)
+            opened.add_metric(values, f.first_seen)
         yield active
+        yield opened
 
         xid = CounterMetricFamily(
             "xpu_xid_errors", "XID events seen since the daemon started, by GPU and XID code.",

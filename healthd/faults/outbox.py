@@ -4,6 +4,11 @@ The outbox rows are written in the same transaction as the record that queued th
 accepted is delivered even if the daemon dies right after. Each target has its own loop and its own order; the
 head item blocks the ones behind it until the hook acknowledges it (strict order beats throughput here: the
 hook sees the node's faults as they happened). The fault id is the idempotency key.
+
+Waits are measured on the monotonic clock: the time of the next attempt is stored on the wall clock (it survives a
+restart), but the dispatcher that set it waits for the back-off it chose, whatever the wall clock does meanwhile. A
+retry time read back after a restart is trusted for at most ``backoff_max_seconds``, so a wall clock stepped back
+across the restart cannot hold a delivery longer than the longest back-off.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class HookDispatcher:
         *,
         node_name: str,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self._journal = journal
@@ -61,6 +67,8 @@ class HookDispatcher:
         self._io = journal_io
         self._node = node_name
         self._clock = clock
+        self._monotonic = monotonic
+        self._retry_at: dict[str, tuple[int, float]] = {}  # target -> (seq, monotonic time of its next attempt)
         self._rng = rng or random.Random()
         self._tasks: list[asyncio.Task[None]] = []
         self.failures: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
@@ -122,6 +130,18 @@ class HookDispatcher:
                         await asyncio.sleep(self._s.backoff_initial_seconds)
             log.info("hook TLS files changed; reconnecting with them", target=target)
 
+    def _wait_before(self, target: str, seq: int, next_attempt_at: float) -> float:
+        """Seconds until the head item may be tried again: our own back-off on the monotonic clock, or (an item
+        queued before this process) the stored wall-clock time, capped at the longest back-off."""
+        now = self._monotonic()
+        known = self._retry_at.get(target)
+        if known is None or known[0] != seq:
+            known = self._retry_at[target] = (
+                seq,
+                now + min(next_attempt_at - self._clock(), self._s.backoff_max_seconds),
+            )
+        return known[1] - now
+
     async def _step(self, target: str, stub: ReplacementHookAsyncStub) -> None:
         seen = self._signal.seq
         item = await self._journal_call(self._journal.outbox_head, target)
@@ -134,7 +154,7 @@ class HookDispatcher:
             except TimeoutError:
                 pass
             return
-        wait = item.next_attempt_at - self._clock()
+        wait = self._wait_before(target, item.seq, item.next_attempt_at)
         if wait > 0:
             await asyncio.sleep(wait)
             return
@@ -147,12 +167,14 @@ class HookDispatcher:
                 item.attempts, self._s.backoff_initial_seconds, self._s.backoff_max_seconds, self._rng
             )
             error = f"{exc.code().name}: {exc.details()}"
+            self._retry_at[target] = (item.seq, self._monotonic() + delay)
             await self._journal_call(self._journal.outbox_failed, target, item.seq, self._clock() + delay, error)
             log.warning(
                 "hook delivery failed", target=target, fault_id=item.fault_id, attempt=item.attempts + 1,
                 retry_in=round(delay, 3), error=error,
             )  # fmt: skip
             return
+        self._retry_at.pop(target, None)
         await self._journal_call(self._journal.outbox_delivered, target, item.seq, self._clock())
         self.delivered[target] = self.delivered.get(target, 0) + 1
         log.info("hook delivered", target=target, fault_id=item.fault_id, seq=item.seq, outcome=ack.outcome)

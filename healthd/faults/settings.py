@@ -26,6 +26,7 @@ class FaultsSettings:
     escalation_window_seconds: float = option(7 * DAY, min=60, max=365 * DAY)
     retention_seconds: float = option(30 * DAY, min=3600, max=3650 * DAY)  # resolved faults and records kept
     retention_max_resolved: int = option(10000, min=1, max=10_000_000)
+    retention_max_records: int = option(100_000, min=100, max=100_000_000)  # newest records kept, whatever their age
     boot_id_path: Path = option(Path("/proc/sys/kernel/random/boot_id"), absolute=True)
 
 

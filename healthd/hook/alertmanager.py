@@ -6,8 +6,11 @@ each firing alert that names an action into one fault report, a plain dict with 
 ``FaultReport(**fault)``; a ``FaultForwarder`` delivers it. The HTTP status tells Alertmanager what to do: 200
 delivered (or nothing to deliver), 400 a payload it must not resend, 503 the hook failed and Alertmanager retries.
 
-Alertmanager re-sends a firing alert on every group change and repeat interval; ``fault_id`` is the same for every
-re-send of one firing (alert fingerprint + start time), so the hook can drop duplicates.
+An alert computed from the daemon's fault metrics carries the daemon's ``fault_id`` and ``node`` labels (the
+shipped replace_node rules keep them): the report then uses that fault id as its idempotency key and that node
+name, exactly as the daemon's own [hook] push does, so a hook that receives both channels sees one fault. For
+other alerts the key is the alert fingerprint + start time, the same for every re-send of one firing (Alertmanager
+re-sends on every group change and repeat interval), and the node is the ``node`` label or the instance's host.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def alerts_to_faults(payload: object) -> Conversion:
         starts_at = _text(alert.get("startsAt"), f"{where}.startsAt")
         started = _timestamp(starts_at, f"{where}.startsAt")
         gpu_index = labels.get("gpu", "")
-        fault_id = f"alertmanager:{fingerprint or name}:{starts_at}"
+        fault_id = labels.get("fault_id") or f"alertmanager:{fingerprint or name}:{starts_at}"
         evidence = {f"label.{k}": v for k, v in sorted(labels.items())}
         evidence.update(alertname=name, receiver=receiver, runbook=annotations.get("runbook", ""))
         faults.append(

@@ -4,15 +4,26 @@ This is the piece an operator adapts to call their standby-swap API. What it pro
 
 - A fault id whose command succeeded (exit 0) is never run again; a repeat delivery is acknowledged with
   ``duplicate=true``. The outcome is stored in SQLite (synchronous=FULL) *before* the acknowledgement.
+- One condition, one run: a fault of the same node and *condition* as a fault whose command started within the
+  dedup window (``--dedup-window``, 1 h by default) and succeeded or is still running is acknowledged with
+  ``duplicate=true`` without running the command. The condition is the node, the card (by UUID; node-wide faults
+  have none) and the action. So XID 79 and the ``gpu_lost`` that follows it on the same card are one node swap,
+  and so are the daemon's own push and the Alertmanager webhook's alert for the same card, whichever comes first
+  (both name the node by its canonical name). A command that failed does not count: the next fault of the
+  condition runs it again.
 - A command that fails (non-zero exit, or killed at the timeout) is recorded and answered with UNAVAILABLE, so
   the daemon retries with backoff; the command then runs again on the next delivery. We chose a retryable error
   over "ack and forget" because a swap that did not happen must not be lost; a command that should not be
   retried can exit 0 after logging the problem itself.
+- A command outlives the delivery that started it: when the caller goes away mid-run (its deadline passed, the
+  daemon died), the command runs to its end and its outcome is stored all the same; a delivery of the same id
+  that arrives meanwhile waits for that run instead of starting a second one.
 - If this server dies while the command runs, the id is recorded as started but not finished, and the next
   delivery runs it again: at-least-once. The command gets XPU_FAULT_ID in its environment to make it idempotent
   on the operator's side.
 
-Deliveries are handled one at a time (the daemon sends them in order and waits for each acknowledgement).
+Deliveries are handled one at a time, and commands run one at a time (the daemon sends them in order and waits
+for each acknowledgement).
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ CREATE TABLE IF NOT EXISTS executions (
   fault_id TEXT PRIMARY KEY, node_name TEXT NOT NULL, seq INTEGER NOT NULL, action TEXT NOT NULL,
   received_at REAL NOT NULL, started_at REAL, finished_at REAL, exit_code INTEGER, outcome TEXT NOT NULL DEFAULT '',
   runs INTEGER NOT NULL DEFAULT 0, deliveries INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS conditions (condition TEXT PRIMARY KEY, fault_id TEXT NOT NULL, started_at REAL NOT NULL);
 """
+DEFAULT_DEDUP_WINDOW = 3600.0
 HOOK_WHAT = "hook state"
 OUTPUT_TAIL = 2000
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer
@@ -98,12 +111,43 @@ class ExecutionStore:
                 (fault_id, node, seq, action, now),
             )
 
-    def started(self, fault_id: str, now: float) -> None:
+    def started(self, fault_id: str, now: float, condition: str = "") -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "UPDATE executions SET started_at = ?, finished_at = NULL, exit_code = NULL, outcome = 'running',"
+                    " runs = runs + 1 WHERE fault_id = ?",
+                    (now, fault_id),
+                )
+                if condition:
+                    self._db.execute(
+                        "INSERT INTO conditions (condition, fault_id, started_at) VALUES (?, ?, ?)"
+                        " ON CONFLICT (condition) DO UPDATE SET fault_id = excluded.fault_id,"
+                        " started_at = excluded.started_at",
+                        (condition, fault_id, now),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def same_condition(self, condition: str, since: float) -> str | None:
+        """The fault whose command for ``condition`` started after ``since`` and succeeded or is running."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT c.fault_id FROM conditions c JOIN executions e ON e.fault_id = c.fault_id"
+                " WHERE c.condition = ? AND c.started_at >= ? AND (e.exit_code = 0 OR e.outcome = 'running')",
+                (condition, since),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def deduplicated(self, fault_id: str, now: float, outcome: str) -> None:
+        """Recorded as done without a run: a later delivery of this fault id is a plain duplicate."""
         with self._lock:
             self._db.execute(
-                "UPDATE executions SET started_at = ?, finished_at = NULL, exit_code = NULL, outcome = 'running',"
-                " runs = runs + 1 WHERE fault_id = ?",
-                (now, fault_id),
+                "UPDATE executions SET finished_at = ?, exit_code = 0, outcome = ? WHERE fault_id = ?",
+                (now, outcome, fault_id),
             )
 
     def finished(self, fault_id: str, now: float, exit_code: int, outcome: str) -> None:
@@ -154,6 +198,13 @@ def corrupt_hook_state(path: Path, reason: str) -> CorruptStateError:
     )
 
 
+def condition_of(request: hpb.FaultReport) -> str:
+    """Node, card and action: faults of one condition need one run, whatever their code or channel."""
+    node = request.node_name.strip().lower()
+    card = request.gpu_uuid or (str(request.gpu_index) if request.gpu_index >= 0 else "node-wide")
+    return f"{node}|{card}|{request.action}"
+
+
 def stdin_document(request: hpb.FaultReport) -> bytes:
     """What the command reads: the delivery envelope plus the fault as the daemon stored it."""
     doc = {"idempotency_key": request.idempotency_key, "node_name": request.node_name, "seq": request.seq}
@@ -162,11 +213,21 @@ def stdin_document(request: hpb.FaultReport) -> bytes:
 
 
 class ReferenceHook(hpb_grpc.ReplacementHookServicer):
-    def __init__(self, store: ExecutionStore, command: str, *, command_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: ExecutionStore,
+        command: str,
+        *,
+        command_timeout: float = 300.0,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+    ) -> None:
         self._store = store
         self._command = command
         self._timeout = command_timeout
-        self._lock = asyncio.Lock()
+        self._dedup_window = dedup_window
+        self._lock = asyncio.Lock()  # one delivery at a time
+        self._command_lock = asyncio.Lock()  # one command at a time, also after its delivery was cancelled
+        self._running: dict[str, asyncio.Task[tuple[int, str]]] = {}  # fault id -> its command, run to the end
 
     async def ReportFault(  # noqa: N802
         self, request: hpb.FaultReport, context: grpc.aio.ServicerContext[hpb.FaultReport, hpb.ReportFaultAck]
@@ -184,13 +245,40 @@ class ReferenceHook(hpb_grpc.ReplacementHookServicer):
             if prior is not None and prior.succeeded:
                 log.info("duplicate delivery", fault_id=key)
                 return hpb.ReportFaultAck(duplicate=True, outcome=prior.outcome)
-            await asyncio.to_thread(self._store.started, key, time.time())
-            code, outcome = await self._run(request, key)
-            await asyncio.to_thread(self._store.finished, key, time.time(), code, outcome)
-        log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
+            task = self._running.get(key)
+            condition = condition_of(request)
+            if task is None and self._dedup_window > 0:
+                now = time.time()
+                other = await asyncio.to_thread(self._store.same_condition, condition, now - self._dedup_window)
+                if other is not None and other != key:
+                    outcome = f"same condition as fault {other} ({condition}): not run again"
+                    await asyncio.to_thread(self._store.deduplicated, key, now, outcome)
+                    log.info("duplicate condition", fault_id=key, same_as=other, condition=condition)
+                    return hpb.ReportFaultAck(duplicate=True, outcome=outcome)
+            if task is None:
+                task = self._running[key] = asyncio.create_task(self._execute(request, key), name=f"hook {key}")
+                task.add_done_callback(lambda _: self._running.pop(key, None))
+            else:
+                log.info("delivery of a fault whose command is running; waiting for that run", fault_id=key)
+            # the caller going away cancels this handler, never the command (nor the storing of its outcome)
+            code, outcome = await asyncio.shield(task)
         if code != 0:
             raise unavailable("HOOK_COMMAND_FAILED", f"hook command failed: {outcome[:500]}", exit_code=str(code))
         return hpb.ReportFaultAck(duplicate=False, outcome=outcome)
+
+    async def _execute(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
+        async with self._command_lock:
+            await asyncio.to_thread(self._store.started, key, time.time(), condition_of(request))
+            code, outcome = await self._run(request, key)
+            await asyncio.to_thread(self._store.finished, key, time.time(), code, outcome)
+        log.info("command finished", fault_id=key, exit_code=code, outcome=outcome)
+        return code, outcome
+
+    async def drain(self) -> None:
+        """Let commands whose delivery went away finish and store their outcome (each is bounded by its timeout)."""
+        running = list(self._running.values())
+        if running:
+            await asyncio.wait(running)
 
     async def _run(self, request: hpb.FaultReport, key: str) -> tuple[int, str]:
         env = {
@@ -244,6 +332,7 @@ async def serve(
     command_timeout: float,
     stop: asyncio.Event,
     tls: GrpcTls | None = None,
+    dedup_window: float = DEFAULT_DEDUP_WINDOW,
 ) -> None:
     """Run the reference hook on ``listen`` until ``stop`` is set: unix:PATH in plaintext, HOST:PORT only with mTLS
     (``tls``), as a hook that can swap nodes must not take orders from whoever reaches the port."""
@@ -251,9 +340,8 @@ async def serve(
         raise ValueError(f"--listen {listen}: a TCP hook needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca)")
     store = ExecutionStore(state)
     server = grpc.aio.server(interceptors=[RequestGuard()])
-    hpb_grpc.add_ReplacementHookServicer_to_server(
-        ReferenceHook(store, command, command_timeout=command_timeout), server
-    )
+    hook = ReferenceHook(store, command, command_timeout=command_timeout, dedup_window=dedup_window)
+    hpb_grpc.add_ReplacementHookServicer_to_server(hook, server)
     _prepare_unix_socket(listen)
     try:
         port = server.add_secure_port(listen, server_credentials(tls)) if tls else server.add_insecure_port(listen)
@@ -267,4 +355,5 @@ async def serve(
         await stop.wait()
     finally:
         await server.stop(5.0)
+        await hook.drain()
         store.close()

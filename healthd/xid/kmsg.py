@@ -31,11 +31,15 @@ import re
 import select
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from exporter.supervision import Workers
+from healthd.xid.kmsg_cursor import KmsgCursor
 
 log = structlog.get_logger("kmsg")
 
@@ -260,9 +264,11 @@ def format_xid(pci: str, xid: int, text: str, *, pid: int | None = None, process
 class KmsgReader:
     """Follows a kernel log on its own thread and hands every record to ``on_record``.
 
-    On the real character device it seeks to the end at start (history before the daemon started is not replayed)
-    and reads one record per read(); EPIPE means records were overwritten before we read them, which is counted
-    and skipped. A regular file (tests, simulation) is followed like ``tail -f``; ``from_start`` reads it whole.
+    On the real character device it reads one record per read(); EPIPE means records were overwritten before we
+    read them, which is counted and skipped. A regular file (tests, simulation) is followed like ``tail -f``;
+    ``from_start`` reads either whole. Where it starts: after the last record it handled, when it knows one of this
+    boot (``cursor``, kmsg_cursor.py, or an earlier open in this process): the records logged meanwhile are
+    replayed; else at the end (history before the daemon's first start is not replayed).
     """
 
     _read = staticmethod(os.read)  # one record per call on the device; a seam for tests
@@ -274,8 +280,16 @@ class KmsgReader:
         *,
         from_start: bool = False,
         poll_seconds: float = 0.2,
+        workers: Workers | None = None,
+        cursor: KmsgCursor | None = None,
     ) -> None:
         self.path = path
+        self._workers = workers or Workers()
+        self._cursor = cursor
+        self._last_seq: int | None = None  # the last record handed on (this boot)
+        self._saved_seq: int | None = None
+        self._saved_at = float("-inf")
+        self._skip_upto: int | None = None  # while replaying: records up to this one were handled before
         self._on_record = on_record
         self._from_start = from_start
         self._poll = poll_seconds
@@ -289,13 +303,45 @@ class KmsgReader:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kmsg-reader", daemon=True)
-            self._thread.start()
+            self._thread = self._workers.start("kmsg-reader", self._run, self._stop)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._save_position(force=True)
+
+    def _resume_after(self) -> int | None:
+        """The last record handled in this boot: this process's own, else the saved one."""
+        if self._last_seq is not None:
+            return self._last_seq
+        if self._cursor is None:
+            return None
+        self._last_seq = self._saved_seq = self._cursor.load()
+        return self._last_seq
+
+    def _position(self, fd: int) -> None:
+        """Seek where reading starts: after the last record handled (from the oldest kept), or the end."""
+        resume = self._resume_after()
+        self._skip_upto = resume
+        if resume is not None:
+            os.lseek(fd, 0, os.SEEK_SET)  # /dev/kmsg: the oldest record the ring buffer still holds
+        elif not self._from_start:
+            os.lseek(fd, 0, os.SEEK_END)
+
+    def _save_position(self, *, force: bool = False) -> None:
+        """Save the position at most once a second (always when stopping); a failure is logged, never raised."""
+        if self._cursor is None or self._last_seq is None or self._last_seq == self._saved_seq:
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < 1.0:
+            return
+        self._saved_at = now
+        try:
+            self._cursor.save(self._last_seq)
+            self._saved_seq = self._last_seq
+        except OSError as exc:
+            log.warning("kernel-log position not saved", path=str(self._cursor.path), error=str(exc))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -326,6 +372,15 @@ class KmsgReader:
         record = parse_line(line)
         if record is None:
             return
+        if record.seq >= 0:
+            skip = self._skip_upto
+            if skip is not None:
+                if record.seq <= skip:
+                    return  # handled before the daemon (or this open) stopped
+                if record.seq > skip + 1:  # the ring buffer dropped these while nobody read it
+                    self.overwritten += record.seq - skip - 1
+                self._skip_upto = None
+            self._last_seq = record.seq
         self.records += 1
         try:
             self._on_record(record)
@@ -333,14 +388,14 @@ class KmsgReader:
             log.exception("kmsg consumer failed")
 
     def _follow_device(self, fd: int) -> None:
-        if not self._from_start:
-            os.lseek(fd, 0, os.SEEK_END)
+        self._position(fd)
         self.following.set()
         size = 8192
         while not self._stop.is_set():
             try:
                 chunk = self._read(fd, size)
             except BlockingIOError:
+                self._save_position()
                 select.select([fd], [], [], self._poll)
                 continue
             except OSError as exc:
@@ -357,22 +412,29 @@ class KmsgReader:
             self._deliver(chunk.decode("utf-8", errors="replace"))
 
     def _follow_file(self, fd: int) -> None:
-        if not self._from_start:
-            os.lseek(fd, 0, os.SEEK_END)
+        self._position(fd)
+        # replaying a file: lines without a sequence number (``<PRIORITY>`` syslog lines) before its end at open
+        # cannot be told handled from new, so only those after it are
+        replay_end = os.fstat(fd).st_size if self._skip_upto is not None else 0
+        offset = 0
         self.following.set()
         pending = b""
         while not self._stop.is_set():
             chunk = os.read(fd, 65536)
             if not chunk:
+                self._save_position()
                 position = os.lseek(fd, 0, os.SEEK_CUR)
                 if os.fstat(fd).st_size < position:  # truncated or rotated in place: start over
                     os.lseek(fd, 0, os.SEEK_SET)
-                    pending = b""
+                    pending, offset, replay_end, self._skip_upto = b"", 0, 0, None
                 self._stop.wait(self._poll)
                 continue
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for raw in lines:
+                offset += len(raw) + 1
                 if raw.startswith(b" "):  # continuation line (KEY=value) of the previous record
+                    continue
+                if offset <= replay_end and not raw[:1].isdigit():
                     continue
                 self._deliver(raw.decode("utf-8", errors="replace"))

@@ -29,9 +29,11 @@ from exporter.backends.protocol import Backend
 from exporter.backends.types import DeviceEvent, EventKind
 from exporter.settings import ConfigError, option
 from exporter.snapshot import Snapshot
+from exporter.supervision import Workers
 from healthd.findings import Finding, FindingKind, GpuRef
 from healthd.xid.catalog import CatalogError, XidCatalog, XidOverride, load_catalog, parse_overrides
 from healthd.xid.kmsg import KmsgReader, KmsgRecord, NvrmDecoder, NvrmEvent, normalize_pci
+from healthd.xid.kmsg_cursor import KmsgCursor
 
 log = structlog.get_logger("xid")
 
@@ -129,8 +131,20 @@ class XidMerger:
             if len(self._last) > 4096:
                 self._last = {k: v for k, v in self._last.items() if now - v[0] < self._window}
             self.outcomes[(s.source, "reported")] += 1
+            ours = self._last[key]
         finding = self._finding(s)
-        self._sink.event(finding)
+        try:
+            self._sink.event(finding)
+        except Exception:
+            # not recorded: forget this sighting, so that the same incident seen again (a retry) is reported
+            with self._lock:
+                if self._last.get(key) is ours:
+                    if last is None:
+                        self._last.pop(key, None)
+                    else:
+                        self._last[key] = last
+                self.outcomes[(s.source, "reported")] -= 1
+            raise
         return finding
 
     def outcome_counts(self) -> dict[tuple[str, str], int]:
@@ -197,7 +211,14 @@ class XidWatcher:
 
     Only this component calls ``backend.wait_event``. ``snapshots`` returns the latest Snapshot (for the PCI bus
     id -> card map); ``kmsg_path`` None turns the kernel-log source off.
+
+    Both threads are supervised (``workers``, exporter/supervision.py). An NVML event the sink could not record
+    (the journal locked past its busy timeout, a full file system) makes the event loop fail; it is kept and is
+    the first thing the restarted loop records, so a failed write delays an XID instead of losing it. After
+    ``MAX_EVENT_ATTEMPTS`` failed attempts the event is dropped with an error in the log (``dropped_events``).
     """
+
+    MAX_EVENT_ATTEMPTS = 8  # with the supervisor's back-off (1 s doubling to 30 s): about two minutes of retries
 
     def __init__(
         self,
@@ -213,7 +234,10 @@ class XidWatcher:
         nvml_wait_seconds: float = 1.0,  # one nvmlEventSetWait call (the H200 capture: a 200 ms wait times out cleanly)
         nvml_retry_seconds: float = 10.0,  # back-off after the event call fails (driver not loaded yet, GPU lost)
         kmsg_poll_seconds: float = 0.2,
+        workers: Workers | None = None,
+        kmsg_cursor: KmsgCursor | None = None,  # where the kernel-log reader left off (replay after a restart)
     ) -> None:
+        self._workers = workers or Workers()
         self.settings = settings or XidSettings()
         self._nvml_wait_seconds = nvml_wait_seconds
         self._nvml_retry_seconds = nvml_retry_seconds
@@ -226,12 +250,22 @@ class XidWatcher:
         self._stop = threading.Event()
         self._nvml_thread: threading.Thread | None = None
         self.reader = (
-            KmsgReader(kmsg_path, self.on_kmsg_record, from_start=kmsg_from_start, poll_seconds=kmsg_poll_seconds)
+            KmsgReader(
+                kmsg_path,
+                self.on_kmsg_record,
+                from_start=kmsg_from_start,
+                poll_seconds=kmsg_poll_seconds,
+                workers=self._workers,
+                cursor=kmsg_cursor,
+            )
             if kmsg_path is not None
             else None
         )
         self.nvml_errors = 0
         self.ignored_events = 0
+        self.dropped_events = 0  # NVML events given up on after MAX_EVENT_ATTEMPTS failed attempts to record them
+        self._unrecorded: DeviceEvent | None = None  # taken from the driver, not recorded yet (the sink raised)
+        self._attempts = 0
         self._clock = clock
         self._rejected_logged = 0
         self._rejected_logged_at = float("-inf")
@@ -240,8 +274,7 @@ class XidWatcher:
 
     def start(self) -> None:
         if self._nvml_thread is None:
-            self._nvml_thread = threading.Thread(target=self._nvml_loop, name="xid-nvml", daemon=True)
-            self._nvml_thread.start()
+            self._nvml_thread = self._workers.start("xid-nvml", self._nvml_loop, self._stop)
         if self.reader is not None:
             self.reader.start()
 
@@ -253,25 +286,39 @@ class XidWatcher:
             self._nvml_thread.join(timeout)
 
     def _nvml_loop(self) -> None:
+        """Wait for driver events and record them; a recording failure raises (the supervisor restarts the loop)."""
         last_error = ""
         while not self._stop.is_set():
-            try:
-                event = self._backend.wait_event(self._nvml_wait_seconds)
-            except BackendError as exc:
-                self.nvml_errors += 1
-                if str(exc) != last_error:
-                    log.warning("NVML event wait failed", error=str(exc), code=exc.code)
-                last_error = str(exc)
-                self._stop.wait(self._nvml_retry_seconds)
-                continue
-            except Exception:  # never let the event thread die silently
-                self.nvml_errors += 1
-                log.exception("NVML event wait raised unexpectedly")
-                self._stop.wait(self._nvml_retry_seconds)
-                continue
-            last_error = ""
-            if event is not None:
-                self.on_device_event(event)
+            event = self._unrecorded
+            if event is None:
+                try:
+                    event = self._backend.wait_event(self._nvml_wait_seconds)
+                except BackendError as exc:
+                    self.nvml_errors += 1
+                    if str(exc) != last_error:
+                        log.warning("NVML event wait failed", error=str(exc), code=exc.code)
+                    last_error = str(exc)
+                    self._stop.wait(self._nvml_retry_seconds)
+                    continue
+                last_error = ""
+                if event is None:
+                    continue
+            self._record(event)
+
+    def _record(self, event: DeviceEvent) -> None:
+        self._unrecorded, self._attempts = event, self._attempts + 1
+        try:
+            self.on_device_event(event)
+        except Exception:
+            if self._attempts < self.MAX_EVENT_ATTEMPTS:
+                raise  # kept in _unrecorded: the restarted loop tries it again
+            self.dropped_events += 1
+            self._unrecorded, self._attempts = None, 0
+            log.error(
+                "NVML event dropped: it could not be recorded", event=str(event), attempts=self.MAX_EVENT_ATTEMPTS
+            )
+            raise
+        self._unrecorded, self._attempts = None, 0
 
     def event_counts(self) -> dict[tuple[str, str], int]:
         """XID sightings by (source, outcome): reported (became a finding), merged (the same incident seen again
@@ -378,6 +425,11 @@ def build_watcher(
     snapshots: Callable[[], Snapshot | None],
     kmsg_path: Path | None,
     clock: Callable[[], float] = time.time,
+    workers: Workers | None = None,
+    kmsg_cursor: KmsgCursor | None = None,
 ) -> XidWatcher:
     """The XID watcher with the catalog and the configured overrides; ``kmsg_path`` None: no kernel-log source."""
-    return XidWatcher(backend, kmsg_path, load_catalog(overrides=settings.overrides), sink, clock, snapshots, settings)
+    catalog = load_catalog(overrides=settings.overrides)
+    return XidWatcher(
+        backend, kmsg_path, catalog, sink, clock, snapshots, settings, workers=workers, kmsg_cursor=kmsg_cursor
+    )

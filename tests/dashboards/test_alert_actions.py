@@ -33,14 +33,12 @@ NON_NONE = {a.label for a in Action if a > Action.RESTART_APP}
 
 # alert -> the probe fault codes raised for the same condition
 MIRRORED: dict[str, tuple[str, ...]] = {
-    "XpuGpuFallenOffBus": ("gpu_lost",),
     "XpuGpuMissing": ("gpu_count_low",),
     "XpuGpuResetRequired": ("gpu_reset_required",),
     "XpuGpuDriverCallHung": ("driver_call_timeout",),
     "XpuDriverDown": ("driver_unavailable",),
     "XpuGpuVolatileUncorrectableEcc": ("ecc_uncorrectable_volatile",),
     "XpuGpuRowRemapPending": ("ecc_row_remap_pending",),
-    "XpuGpuRowRemapFailure": ("ecc_row_remap_failure",),
     "XpuGpuMemoryLeak": ("memory_unowned",),
     "XpuGpuNvlinkDown": ("nvlink_down",),
     "XpuGpuNvlinkCrcErrorRateHigh": ("nvlink_crc_rate",),
@@ -52,7 +50,6 @@ MIRRORED: dict[str, tuple[str, ...]] = {
 }
 # alert -> XIDs of the catalog that report the same condition
 MIRRORED_XIDS: dict[str, tuple[int, ...]] = {
-    "XpuGpuFallenOffBus": (79,),  # GPU fallen off the bus
     "XpuGpuVolatileUncorrectableEcc": (48,),  # double-bit ECC error
 }
 # alerts no probe or XID turns into a fault: a person looks first

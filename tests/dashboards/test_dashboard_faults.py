@@ -38,11 +38,18 @@ def test_faults_per_card_table(name: str) -> None:
     active, since = panel["targets"]
     assert active["format"] == since["format"] == "table" and active["instant"] and since["instant"]
     assert re.fullmatch(r"xpu_faults_active\{instance=~\"\$node\"(, gpu=~\"\$gpu\")?\} > 0", active["expr"])
-    first = f"min_over_time(timestamp({active['expr']})[$__range:1m])"
-    assert since["expr"] == f"1000 * ({first} or timestamp({active['expr']}))"
+    # since when: the daemon's own opening time of each fault (one series per fault id), not a range subquery
+    where = active["expr"].removeprefix("xpu_faults_active").removesuffix(" > 0")
+    assert since["expr"] == f"1000 * xpu_fault_opened_timestamp_seconds{where}"
     organize = next(t for t in panel["transformations"] if t["id"] == "organize")["options"]
     headers = organize["renameByName"]
-    assert {headers[k] for k in ("gpu", "code", "action", "Value #B")} == {"Card", "Code", "Action", "Since"}
+    assert {headers[k] for k in ("gpu", "code", "action", "fault_id", "Value #B")} == {
+        "Card",
+        "Code",
+        "Action",
+        "Fault",
+        "Since",
+    }
     assert organize["excludeByName"]["Value #A"]  # the 1 of each active series says nothing
     (override,) = panel["fieldConfig"]["overrides"]
     assert override["matcher"]["options"] == "Value #B"

@@ -1,8 +1,9 @@
 """A ReplacementHook that records every report it accepts, for end-to-end tests.
 
-It speaks the real gRPC protocol on a unix socket, dedups by idempotency key as a hook must, and appends each
-new report as one JSON line (all FaultReport fields). The operator-facing reference hook (`xpuctl hook serve`)
-runs a command per fault instead; it has its own tests.
+It speaks the real gRPC protocol on a unix socket, dedups by idempotency key as a hook must (a report whose key it
+has seen is answered ``duplicate=true``), and appends every report as one JSON line (all FaultReport fields, plus
+``duplicate``), so a test sees each channel's delivery even when both carry the same key. The operator-facing
+reference hook (`xpuctl hook serve`) runs a command per fault instead; it has its own tests.
 
     python -m tests.e2e.recording_hook --listen unix:/tmp/hook.sock --out /tmp/faults.jsonl
 """
@@ -31,14 +32,14 @@ class RecordingHook(hook_pb2_grpc.ReplacementHookServicer):
 
     def ReportFault(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._lock:
-            if request.idempotency_key in self._seen:
-                return hook_pb2.ReportFaultAck(duplicate=True, outcome="seen before")
+            duplicate = request.idempotency_key in self._seen
             record = MessageToDict(request, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
             record["seq"], record["count"] = int(record["seq"]), int(record["count"])
+            record["duplicate"] = duplicate
             with self._out.open("a") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
             self._seen.add(request.idempotency_key)
-        return hook_pb2.ReportFaultAck(duplicate=False, outcome="recorded")
+        return hook_pb2.ReportFaultAck(duplicate=duplicate, outcome="seen before" if duplicate else "recorded")
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """The observability path as real processes: xpu-healthd (simulated GPUs), Prometheus with the shipped rules,
 Alertmanager with the shipped example routing, `xpuctl alert-webhook serve` forwarding replace_node alerts over
-gRPC to a recording ReplacementHook, which also receives the daemon's own fault outbox.
+gRPC to a recording ReplacementHook (or, with ``hook_command``, the reference hook `xpuctl hook serve` running that
+command), which also receives the daemon's own fault outbox.
 
 Test-only changes to the shipped files, made on copies in tmp: every rule's ``for:`` becomes 2s and Alertmanager's
 group_wait/group_interval become 1s, so an alert travels the whole path in seconds instead of minutes; the webhook
@@ -105,8 +106,10 @@ class Process:
 
 
 class Stack:
-    def __init__(self, tmp: Path, daemon_config: str = "") -> None:
+    def __init__(self, tmp: Path, daemon_config: str = "", *, hook_command: str | None = None) -> None:
         self.tmp = tmp
+        self.hook_command = hook_command
+        self.hook_state = tmp / "hook-state.sqlite"  # the reference hook's executions
         (tmp / "daemon").mkdir(parents=True, exist_ok=True)
         self.hook_socket = tmp / "hook.sock"
         hook_config = f'[hook]\nendpoints = ["unix:{self.hook_socket}"]\nmin_action = "replace_node"\n'
@@ -137,8 +140,12 @@ class Stack:
         return self.start_observers()
 
     def _start_hook(self) -> None:
-        args = [sys.executable, "-m", "tests.e2e.recording_hook", "--listen", f"unix:{self.hook_socket}"]
-        args += ["--out", str(self.spool)]
+        if self.hook_command is not None:
+            args = [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", f"unix:{self.hook_socket}"]
+            args += ["--exec", self.hook_command, "--state", str(self.hook_state)]
+        else:
+            args = [sys.executable, "-m", "tests.e2e.recording_hook", "--listen", f"unix:{self.hook_socket}"]
+            args += ["--out", str(self.spool)]
         self.processes.append(Process("recording-hook", args, self.tmp / "hook.log"))
         wait_for("recording hook", lambda: self.hook_socket.exists())
 

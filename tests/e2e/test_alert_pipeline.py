@@ -7,7 +7,8 @@ swapped out and rebooted in repair); application XIDs stay capped at restart_app
 Expected:
 - ``xpuctl simulate inject xid --gpu 2 code=79`` opens fault ``xid_79`` with action replace_node, so
   ``xpu_faults_active{code="xid_79",action="replace_node"}`` is 1; XpuFatalXid fires and the hook receives a
-  FaultReport with code ``xid_79``, action ``replace_node``, node ``127.0.0.1``.
+  FaultReport with code ``xid_79``, action ``replace_node``, the daemon's own fault id as its idempotency key and
+  the daemon's canonical node name: the same key and node as the daemon's own push of that fault.
 - ``... inject xid --gpu 4 code=13`` opens ``xid_13`` with action restart_app: XpuApplicationXid fires and reaches
   Alertmanager (receiver ops only); the hook never receives an ``xid_13`` fault and no replace_node alert names it.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from healthd.node_name import canonical_node_name
 from tests.e2e.stack import ROOT, Stack, missing_binaries, wait_for
 
 pytestmark = [
@@ -47,8 +49,12 @@ def test_xid_79_ends_as_a_replace_node_fault_at_the_hook(stack: Stack) -> None:
 
     (fault, *_) = wait_for("xid_79 delivered to the hook", delivered, timeout=60)
     assert fault["action"] == "replace_node"
-    assert fault["node_name"] == "127.0.0.1"
+    assert fault["node_name"] == canonical_node_name()
     assert fault["evidence"]["label.alertname"] == "XpuFatalXid"  # type: ignore[index]
+    # one identity on both channels: the daemon's push of the same fault has the same key and node
+    (pushed,) = [f for f in stack.hook_faults(source="daemon") if f["code"] == "xid_79"]
+    assert (fault["idempotency_key"], fault["node_name"]) == (pushed["idempotency_key"], pushed["node_name"])
+    assert fault["duplicate"] != pushed["duplicate"], "whichever came second was a duplicate for the hook"
 
 
 def test_xid_79_also_reaches_the_hook_from_the_daemon_outbox(stack: Stack) -> None:

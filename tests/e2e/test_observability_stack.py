@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from healthd.node_name import canonical_node_name
 from tests.e2e.stack import ROOT, RULE_FILES, Stack, missing_binaries, wait_for
 
 pytestmark = [
@@ -64,7 +65,8 @@ def test_lost_card_reaches_the_hook_as_replace_node(stack: Stack) -> None:
     faults = wait_for("XpuGpuFallenOffBus delivered to the hook", delivered, timeout=60)
     fault = faults[0]
     assert fault["action"] == "replace_node" and fault["severity"] == "fatal"
-    assert fault["gpu_index"] == LOST_GPU and fault["node_name"] == "127.0.0.1"
+    assert fault["gpu_index"] == LOST_GPU and fault["node_name"] == canonical_node_name()
+    assert fault["idempotency_key"].startswith("flt-"), "the daemon's gpu_lost fault id, as its own push sends it"
     assert fault["evidence"]["receiver"] == "standby-replacement"
     assert json.loads(str(fault["fault_json"]))["status"] == "firing"
 

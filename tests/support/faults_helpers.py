@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,6 +78,7 @@ class DaemonThread:
         socket: Path,
         hook: object | None = None,
         journal: Journal | None = None,
+        clock: Callable[[], float] = time.time,
         **fault_overrides: object,
     ) -> None:
         import asyncio
@@ -93,6 +96,7 @@ class DaemonThread:
             settings,
             hook if isinstance(hook, HookSettings) else HookSettings(),
             boot_id="boot-1",
+            clock=clock,
         )
         self.engine = self.health.engine
         self._server = GrpcServer(

@@ -11,11 +11,13 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 
-def start_hook(listen: str, command: str, state: Path, *, log_level: str = "warning") -> subprocess.Popen[bytes]:
-    """Runs ``command`` for each fault reported to ``listen``; ``state`` is its SQLite file."""
+def start_hook(
+    listen: str, command: str, state: Path, *, log_level: str = "warning", extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Runs ``command`` for each fault reported to ``listen``; ``state`` is its SQLite file; ``extra``: more flags."""
     return subprocess.Popen(
         [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", listen, "--exec", command,
-         "--state", str(state), "--log-level", log_level],
+         "--state", str(state), "--log-level", log_level, *extra],
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
 

@@ -380,6 +380,11 @@ class SimulatedBackend:
 
     def wait_event(self, timeout_s: float) -> DeviceEvent | None:
         self._require_open("nvmlEventSetWait_v2")
+        for card in self._cards:  # the event set spans every card: a stall on any one blocks the wait
+            with card.lock:
+                hang = card.hangs.get("wait_event")
+            if hang is not None:
+                hang.wait()  # stuck like the driver's wait; once cleared it returns the event queued first
         try:
             return self._events.get(timeout=max(0.0, timeout_s))
         except queue.Empty:

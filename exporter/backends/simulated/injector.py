@@ -29,7 +29,8 @@ HANGABLE_CALLS = (
     "destroy_mig_instance",
     "profiling",
     "pcie_throughput",
-    "*",
+    "wait_event",  # the driver's event wait (node-wide; the card named is the one that stalls it)
+    "*",  # every per-card call (not the event wait)
 )
 
 

@@ -189,6 +189,34 @@ def test_event_wait_has_its_own_lane(device: GuardedBackend, sim: SimulatedBacke
     assert "lane-events" in lane_threads()
 
 
+def test_an_event_a_stuck_wait_returns_late_is_the_next_waits_answer(
+    device: GuardedBackend, sim: SimulatedBackend
+) -> None:
+    sim.inject("hang", 0, {"call": "wait_event"})
+    with pytest.raises(CallTimeoutError):
+        device.wait_event(0.05)
+    sim.inject("xid", 2, {"code": "79"})
+    sim.inject("xid", 5, {"code": "48"})
+    sim.clear(0)
+    assert eventually(lambda: not device.access.hung(), 5.0), "the stuck wait returned"
+    first = device.wait_event(0.05)
+    assert first is not None and (first.gpu_index, first.xid) == (2, 79), "the late answer is handed on, not lost"
+    second = device.wait_event(0.5)
+    assert second is not None and (second.gpu_index, second.xid) == (5, 48)
+    assert device.wait_event(0.05) is None
+
+
+def test_late_answers_of_plain_reads_are_not_replayed(device: GuardedBackend, sim: SimulatedBackend) -> None:
+    sim.inject("hang", 1, {"call": "sample"})
+    with pytest.raises(CallTimeoutError):
+        device.sample(1)
+    sim.clear(1)
+    assert eventually(lambda: not device.access.hung(), 5.0)
+    before = device.access.counters().calls["sample"]
+    device.sample(1)
+    assert device.access.counters().calls["sample"] == before + 1, "a read asks the driver again"
+
+
 @pytest.mark.parametrize("name", ["call_deadline_seconds", "change_deadline_seconds", "open_deadline_seconds"])
 def test_deadlines_reject_nonsense(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"^sampler\.{name}: must be between 0.05 and 600, got 0$"):

@@ -336,6 +336,19 @@ def test_retention_keeps_active_faults_and_undelivered_hook_items(tmp_path: Path
     assert journal.records_after(0, 100) == []  # records are history; the faults table is the state
 
 
+def test_retention_bounds_the_number_of_records_whatever_their_age(tmp_path: Path) -> None:
+    clock = FakeClock()
+    engine = make_engine(tmp_path, clock)
+    for code in range(1, 41):  # 40 young records: none is past the age limit
+        engine.accept_event(xid(code))
+    journal = engine.journal
+    newest = journal.last_seq
+    journal.prune(clock.now, 86400, 100, max_records=10)
+    kept = journal.records_after(0, 100)
+    assert [r.seq for r in kept] == list(range(newest - 9, newest + 1))
+    assert len(journal.active_faults()) == 40, "the faults themselves are state, not history"
+
+
 def test_backoff_grows_exponentially_within_jitter_bounds() -> None:
     import random
 

@@ -54,7 +54,8 @@ def test_hook_down_then_up_gets_every_fault_once_in_order(tmp_path: Path) -> Non
         wait_until(lambda: d.health.dispatcher.failures[target] >= 5, "deliveries to fail while the hook is down")
         assert d.engine.journal.outbox_depth() == {target: 12}
 
-        proc = start_hook(f"unix:{hook_sock}", command, tmp_path / "hook-state.sqlite")
+        # one command per fault id here (several faults per card: the per-condition dedup is tested on its own)
+        proc = start_hook(f"unix:{hook_sock}", command, tmp_path / "hook-state.sqlite", extra=("--dedup-window", "0"))
         try:
             wait_until(lambda: d.engine.journal.outbox_depth() == {}, "the outbox to drain", limit=120)
             ids = executed.read_text().split()

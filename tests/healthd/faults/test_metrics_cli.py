@@ -35,20 +35,30 @@ def test_fault_metrics(tmp_path: Path) -> None:
         engine.accept_event(xid(79, GPU1, severity=Severity.FATAL, action=Action.REBOOT_NODE))
     engine.accept_event(xid(13, GPU0))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Adapter(FaultMetricsCollector(engine)))
+    registry.register(_Adapter(FaultMetricsCollector(engine, node_name="gpu-node-7")))
     text = generate_latest(registry).decode()
+    ids = {f.code: f.id for f in engine.active_faults()}
     assert 'xpu_health_check_status{check="ecc",gpu="0",status="failed",uuid="' + GPU0.uuid + '"} 1.0' in text
     assert 'xpu_health_check_status{check="ecc",gpu="1",status="unknown",uuid="' + GPU1.uuid + '"} 1.0' in text
     assert 'xpu_health_check_status{check="ecc",gpu="1",status="ok",uuid="' + GPU1.uuid + '"} 0.0' in text
-    # per card: the alert rules need gpu and uuid to say which card a fault is on
+    # per fault: the alert rules need gpu and uuid to say which card, and carry the fault id and the node name on
+    # to the webhook, which uses them as the hook's idempotency key and node (the same as the daemon's own push)
     assert (
-        f'xpu_faults_active{{action="reboot_node",code="xid_79",gpu="1",severity="fatal",uuid="{GPU1.uuid}"}} 1.0'
-        in text
+        f'xpu_faults_active{{action="reboot_node",code="xid_79",fault_id="{ids["xid_79"]}",gpu="1",'
+        f'node="gpu-node-7",severity="fatal",uuid="{GPU1.uuid}"}} 1.0' in text
     )
     assert (
-        'xpu_faults_active{action="reset_gpu",code="ecc_uncorrectable_volatile",gpu="0",severity="critical",'
+        'xpu_faults_active{action="reset_gpu",code="ecc_uncorrectable_volatile",'
+        f'fault_id="{ids["ecc_uncorrectable_volatile"]}",gpu="0",node="gpu-node-7",severity="critical",'
         f'uuid="{GPU0.uuid}"}} 1.0' in text
     )
+    first_seen = {f.code: f.first_seen for f in engine.active_faults()}["xid_79"]
+    (opened,) = [
+        line
+        for line in text.splitlines()
+        if line.startswith("xpu_fault_opened_timestamp_seconds{") and f'fault_id="{ids["xid_79"]}"' in line
+    ]
+    assert float(opened.rsplit(" ", 1)[1]) == first_seen
     assert f'xpu_xid_errors_total{{gpu="1",uuid="{GPU1.uuid}",xid="79"}} 3.0' in text
     assert "xpu_faults_journal_seq 3.0" in text
     promtool = shutil.which("promtool")

@@ -99,6 +99,14 @@ def test_fault_code_and_node_labels_win() -> None:
     assert fault["code"] == "xid_79" and fault["node_name"] == "gpu-node-7"
 
 
+def test_the_daemons_fault_id_label_is_the_key_the_daemons_push_uses() -> None:
+    labelled = alert(alertname="XpuFatalXid", code="xid_79", node="gpu-node-7", fault_id="flt-84084791bbcdd2a56ec9")
+    (fault,) = alerts_to_faults(payload(labelled)).faults
+    assert fault["idempotency_key"] == fault["fault_id"] == "flt-84084791bbcdd2a56ec9"
+    resent = dict(labelled, startsAt="2026-11-30T01:00:00Z")  # a new firing of the same fault: still the same key
+    assert alerts_to_faults(payload(resent)).faults[0]["idempotency_key"] == "flt-84084791bbcdd2a56ec9"
+
+
 @pytest.mark.parametrize(
     ("instance", "node"), [("10.0.0.5:9410", "10.0.0.5"), ("[fd00::5]:9410", "fd00::5"), ("node7", "node7")]
 )
