@@ -11,6 +11,7 @@ import grpc
 
 from exporter.settings import ConfigError
 from healthd.commands.args import check_positive_seconds
+from healthd.commands.output import print_json, wants_json
 from healthd.rpc.addresses import check_grpc_address
 from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
 from healthd.state_files import CorruptStateError, StateFileError, move_aside_if_corrupt
@@ -86,7 +87,10 @@ def cmd_hook_move_aside(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if outcome is None:
         raise ValueError(f"--state {path}: the file is readable, nothing moved (delete it yourself to start afresh)")
     moved, corruption = outcome
-    print(f"moved {path} to {moved}. {corruption.lost}")
+    if wants_json(args):
+        print_json({"moved": str(path), "to": str(moved), "lost": corruption.lost})
+    else:
+        print(f"moved {path} to {moved}. {corruption.lost}")
     return 0
 
 
@@ -110,7 +114,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("--tls-client-ca", "CA that signed the daemons' client certificates"),
     ):
         serve.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --listen only (required there): {what} (PEM)")
-    serve.set_defaults(func=cmd_hook_serve)
+    serve.set_defaults(func=cmd_hook_serve, prints_result=False)  # a server: it logs, it has no result
     aside = hook_sub.add_parser(
         "move-aside",
         help="rename a corrupt hook state file to FILE.corrupt-<time> so the hook can start afresh",
