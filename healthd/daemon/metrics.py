@@ -76,6 +76,7 @@ def status_page(node: Node) -> Callable[[], str]:
             hostname=socket.gethostname(),
             version=VERSION,
             node=node.status(),
+            attribution=node.attribution,
         )
 
     return render

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.attribution.attributor import Allocation, Attribution
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
@@ -318,6 +319,22 @@ def test_everything_from_the_daemon_is_escaped(sim: SimulatedBackend, clock: Fak
     assert page.gpu(2)[1] == [("bad", f"{evil}: {evil}", ""), ("bad", f"fault {evil}", f"fatal: {evil}")]
 
 
+def test_each_card_shows_its_bus_id_serial_and_pods(sim: SimulatedBackend, clock: FakeClock) -> None:
+    """On the simulated node the eight UUIDs share their first 30 characters: the bus id and serial tell them apart,
+    and the pods say whom a bad card's trouble reaches."""
+    snapshot = sample(sim, clock)
+    allocation = Allocation("ml", "trainer-0", "main", "xpu-runtime-kit.io/gpu", "GPU-x", 3, "GPU-x", "")
+    attribution = Attribution(0, (), (allocation,), None, 0)
+    page = Page(render_status_page(snapshot, attribution=lambda: attribution))
+    rows = [cells for table, _, cells in page.rows if table == 1][1:]
+    assert len(rows) == 8
+    for gpu, cells in zip(snapshot.gpus, rows, strict=True):
+        assert gpu.info is not None
+        assert gpu.info.pci_bus_id in cells[1] and f"S/N {gpu.info.serial}" in cells[1]
+        assert cells[-1] == ("ml/trainer-0" if gpu.index == 3 else "\u2013")
+    assert len({cells[1] for cells in rows}) == 8
+
+
 def test_no_sample_yet() -> None:
     assert "No sample yet." in Page(render_status_page(None, 0.0)).words
 
@@ -378,6 +395,12 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert "nvlink_down" in words
         run = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, timeout=60, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
+        narrow_shot = tmp_path / "status-900.png"
+        narrow = [*base[:-1], "--window-size=900,900", f"--screenshot={narrow_shot}", url]
+        run = subprocess.run(narrow, capture_output=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+    width, height, colours = _png_size_and_colours(narrow_shot.read_bytes())
+    assert (width, height, colours > 20) == (900, 900, True)
     data = shot.read_bytes()
     width, height, colours = _png_size_and_colours(data)
     assert (width, height) == (1280, 900)
