@@ -30,7 +30,7 @@ from exporter.health import NodeStatus, stale_after, summarize
 from exporter.sampler import Sampler, SamplerSettings
 from healthd.component import Component
 from healthd.faults.engine import CheckState
-from healthd.faults.fault import Fault
+from healthd.faults.fault import Fault, HookDelivery
 from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.host.view import HostView
 from healthd.rpc.server import Service
@@ -60,6 +60,8 @@ class FaultBook(Protocol):
     def check_states(self) -> Sequence[CheckState]: ...
 
     def backlogs(self) -> Mapping[str, int]: ...
+
+    def hook_deliveries(self) -> Sequence[HookDelivery]: ...
 
 
 class Node:
@@ -166,6 +168,10 @@ class Node:
 
     def check_states(self) -> Sequence[CheckState]:
         return self._faults.check_states() if self._faults is not None else ()
+
+    def hook_deliveries(self) -> Sequence[HookDelivery]:
+        """Each queued fault's state with each hook target: pending, delivered or failing (and why)."""
+        return self._faults.hook_deliveries() if self._faults is not None else ()
 
     def attribution(self) -> Attribution | None:
         """Who each GPU process belongs to, as of the latest Snapshot attributed."""

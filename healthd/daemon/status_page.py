@@ -25,6 +25,7 @@ from exporter.attribution.attributor import Attribution
 from exporter.backends.types import DeviceInfo, DeviceSample, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.daemon.status_hook import HookView, hook_cell, hook_problems, latest
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault
 from healthd.findings import Action, CheckStatus, GpuRef, Severity
@@ -235,17 +236,20 @@ def _checks_table(states: Sequence[CheckState]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _faults_table(faults: Sequence[Fault], now: float) -> str:
+def _faults_table(faults: Sequence[Fault], now: float, hook: HookView | None) -> str:
+    by_fault = latest(hook.deliveries()) if hook is not None else {}
     body = []
     for f in faults:
+        hook_td = f"<td>{hook_cell(f, hook, by_fault)}</td>" if hook is not None else ""
         age = max(0.0, now - f.first_seen)
         severity = f.severity.name.lower()
         body.append(
             f'<tr><td><span class="pill {fault_level(f.severity) or "muted"}">{_e(severity)}</span></td>'
             f"<td>{_e(f.code)}</td><td>{_e(_gpu_text(_index(f.gpu)))}</td><td><b>{_e(f.action.label)}</b></td>"
-            f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td></tr>'
+            f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td>{hook_td}</tr>'
         )
-    head = "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th></tr>"
+    hook_th = '<th title="the replacement hook: delivered, pending or failing">hook</th>' if hook else ""
+    head = f"<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th>{hook_th}</tr>"
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -320,6 +324,7 @@ def render_status_page(
     version: str = "",
     node: NodeStatus | None = None,
     attribution: Callable[[], Attribution | None] | None = None,
+    hook: HookView | None = None,
 ) -> str:
     """``checks`` and ``faults`` are the fault engine's, ``partitions`` the partition manager's, ``attribution``
     who runs on each card; None: not in this build (the section says so)."""
@@ -349,15 +354,28 @@ def render_status_page(
         banner = ("bad" if banner[0] == "bad" else "warn", f"{banner[1]}. {node.summary}")
     elif stuck:
         banner = (banner[0], banner[1] + f" ({len(stuck)} not answering)")
+    if hook is not None and active:
+        extra = _hook_problems(active, hook)
+        if extra:
+            level = _worst([Problem(banner[0], ""), *(Problem(lv, "") for lv, _ in extra)])
+            banner = (level if level != "ok" else banner[0], "; ".join([banner[1], *(text for _, text in extra)]))
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
         f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems, _pods(attribution))}"
-        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now))
+        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now, hook))
         + _section("Health checks", states, checks_note, _checks_table)
         + _section("Partitions", records, partitions_note, _partitions_table)
         + "</main>"
     )
     return _page(title, header + body)
+
+
+def _hook_problems(active: Sequence[Fault], hook: HookView) -> list[tuple[str, str]]:
+    try:
+        return hook_problems(active, hook)
+    except Exception:
+        log.exception("status page: a source failed", section="hook")
+        return [("warn", "the hook's delivery state could not be read")]
 
 
 def _pods(source: Callable[[], Attribution | None] | None) -> dict[int, list[str]]:
