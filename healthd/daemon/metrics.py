@@ -19,6 +19,7 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.component import ComponentBase
 from healthd.daemon.config import Config
+from healthd.daemon.runbooks import alert_runbooks
 from healthd.daemon.status_hook import HookView
 from healthd.daemon.status_page import render_status_page
 from healthd.faults.settings import HookSettings
@@ -71,6 +72,7 @@ def status_page(node: Node) -> Callable[[], str]:
     partitions = node.built(PartitionsComponent)
     hook_settings = node.settings(HookSettings)
     hook = HookView(hook_settings.endpoints, Action[hook_settings.min_action.upper()], node.hook_deliveries)
+    runbooks = alert_runbooks()
 
     def render() -> str:
         return render_status_page(
@@ -83,6 +85,7 @@ def status_page(node: Node) -> Callable[[], str]:
             node=node.status(),
             attribution=node.attribution,
             hook=hook,
+            runbooks=runbooks,
         )
 
     return render

@@ -25,6 +25,7 @@ from exporter.attribution.attributor import Attribution
 from exporter.backends.types import DeviceInfo, DeviceSample, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.daemon.runbooks import AlertRunbook, runbook_for, runbook_link, runbooks_section
 from healthd.daemon.status_hook import HookView, hook_cell, hook_problems, latest
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault
@@ -236,11 +237,13 @@ def _checks_table(states: Sequence[CheckState]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _faults_table(faults: Sequence[Fault], now: float, hook: HookView | None) -> str:
+def _faults_table(faults: Sequence[Fault], now: float, hook: HookView | None, runbooks: Sequence[AlertRunbook]) -> str:
     by_fault = latest(hook.deliveries()) if hook is not None else {}
     body = []
     for f in faults:
         hook_td = f"<td>{hook_cell(f, hook, by_fault)}</td>" if hook is not None else ""
+        found = runbook_for(f.code, f.action.label, runbooks)
+        hook_td += f"<td>{runbook_link(found) if found else '&ndash;'}</td>"
         age = max(0.0, now - f.first_seen)
         severity = f.severity.name.lower()
         body.append(
@@ -249,7 +252,10 @@ def _faults_table(faults: Sequence[Fault], now: float, hook: HookView | None) ->
             f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td>{hook_td}</tr>'
         )
     hook_th = '<th title="the replacement hook: delivered, pending or failing">hook</th>' if hook else ""
-    head = f"<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th>{hook_th}</tr>"
+    head = (
+        "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th>"
+        f"{hook_th}<th>runbook</th></tr>"
+    )
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -325,6 +331,7 @@ def render_status_page(
     node: NodeStatus | None = None,
     attribution: Callable[[], Attribution | None] | None = None,
     hook: HookView | None = None,
+    runbooks: Sequence[AlertRunbook] = (),
 ) -> str:
     """``checks`` and ``faults`` are the fault engine's, ``partitions`` the partition manager's, ``attribution``
     who runs on each card; None: not in this build (the section says so)."""
@@ -362,12 +369,18 @@ def render_status_page(
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
         f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems, _pods(attribution))}"
-        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now, hook))
+        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now, hook, runbooks))
         + _section("Health checks", states, checks_note, _checks_table)
         + _section("Partitions", records, partitions_note, _partitions_table)
+        + runbooks_section(_linked(active or (), runbooks))
         + "</main>"
     )
     return _page(title, header + body)
+
+
+def _linked(active: Sequence[Fault], runbooks: Sequence[AlertRunbook]) -> list[AlertRunbook]:
+    found = (runbook_for(f.code, f.action.label, runbooks) for f in active)
+    return sorted({a.alert: a for a in found if a is not None}.values(), key=lambda a: a.alert)
 
 
 def _hook_problems(active: Sequence[Fault], hook: HookView) -> list[tuple[str, str]]:
