@@ -27,6 +27,7 @@ from healthd.faults.fault import Fault, new_fault
 from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, Severity
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.probes.memory_leak import MemoryLeakProbe
+from tests.support import png
 from tests.support.clock import FakeClock
 from tests.support.daemon_process import DaemonProcess
 from tests.support.faults_helpers import make_engine
@@ -376,6 +377,10 @@ def test_no_sample_yet() -> None:
     assert "No sample yet." in Page(render_status_page(None, 0.0)).words
 
 
+PILL_BAD = (0xFB, 0xE0, 0xE0)  # .bad in status_page.CSS
+ROW_BAD = (0xFF, 0xF5, 0xF5)  # tr.bad-row td
+
+
 def _png_size_and_colours(data: bytes) -> tuple[int, int, int]:
     """Width, height and the number of distinct colours of a non-interlaced 8-bit RGB(A) PNG."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -436,8 +441,10 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         narrow = [*base[:-1], "--window-size=900,900", f"--screenshot={narrow_shot}", url]
         run = subprocess.run(narrow, capture_output=True, timeout=60, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
-    width, height, colours = _png_size_and_colours(narrow_shot.read_bytes())
-    assert (width, height, colours > 20) == (900, 900, True)
+    narrow_image = png.decode(narrow_shot.read_bytes())
+    assert (narrow_image.width, narrow_image.height) == (900, 900)
+    # at 900 px the state of GPU 3 is in view: its pills' fill (.bad) inside its tinted row (tr.bad-row)
+    assert png.rows_with_both(narrow_image, PILL_BAD, ROW_BAD) >= 10
     data = shot.read_bytes()
     width, height, colours = _png_size_and_colours(data)
     assert (width, height) == (1280, 900)
