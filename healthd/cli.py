@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `xpuctl`: the commands, as git and kubectl answer
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args, extra = parser.parse_known_args(argv)
     if extra:  # KEY=VALUE pairs given after options, e.g. `inject hang --gpu 3 call=sample`
         if not hasattr(args, "params") or not all("=" in e and not e.startswith("-") for e in extra):
