@@ -29,7 +29,7 @@ from healthd.daemon.runbooks import AlertRunbook, runbook_for, runbook_link, run
 from healthd.daemon.status_hook import HookView, hook_cell, hook_problems, latest
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault
-from healthd.findings import Action, CheckStatus, GpuRef, Severity
+from healthd.findings import Action, CheckResult, CheckStatus, GpuRef, Severity
 from healthd.partition.model import PartitionRecord
 
 log = structlog.get_logger("status_page")
@@ -216,8 +216,28 @@ def _gpu_text(gpu: int | None) -> str:
     return "node" if gpu is None else str(gpu)
 
 
-def _checks_table(states: Sequence[CheckState]) -> str:
+def xid_results(results: Sequence[CheckResult], active: Sequence[Fault]) -> list[CheckResult]:
+    """An xid row for the check table, as `xpuctl health` makes it: XIDs are events, not a check run every cycle,
+    so each card's state comes from its active XID faults (failed for critical or fatal, warning below, ok without)."""
+    if any(r.check == "xid" for r in results):
+        return []
+    cards = {r.gpu.index: r.gpu for r in results if r.gpu is not None}
+    xids = [f for f in active if f.check == "xid" and f.gpu is not None]
+    cards.update({f.gpu.index: f.gpu for f in xids if f.gpu is not None})
+    out = []
+    for index, ref in sorted(cards.items()):
+        found = sorted((f for f in xids if f.gpu is not None and f.gpu.index == index), key=lambda f: -f.severity)
+        if not found:
+            out.append(CheckResult("xid", ref, CheckStatus.OK))
+            continue
+        status = CheckStatus.FAILED if found[0].severity >= Severity.CRITICAL else CheckStatus.WARNING
+        out.append(CheckResult("xid", ref, status, "; ".join(f"{f.code}: {f.message}" for f in found)))
+    return out
+
+
+def _checks_table(states: Sequence[CheckState], active: Sequence[Fault] = ()) -> str:
     rows = [s.result for s in states]
+    rows += xid_results(rows, active)
     checks = sorted({r.check for r in rows})
     gpus = sorted({_index(r.gpu) for r in rows}, key=lambda g: -1 if g is None else g)
     cell = {(r.check, _index(r.gpu)): r for r in rows}
@@ -370,7 +390,7 @@ def render_status_page(
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
         f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems, _pods(attribution))}"
         + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now, hook, runbooks))
-        + _section("Health checks", states, checks_note, _checks_table)
+        + _section("Health checks", states, checks_note, lambda rows: _checks_table(rows, active or ()))
         + _section("Partitions", records, partitions_note, _partitions_table)
         + runbooks_section(_linked(active or (), runbooks))
         + "</main>"

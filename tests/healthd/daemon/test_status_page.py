@@ -373,6 +373,16 @@ def _page_when(d: DaemonProcess, text: str) -> Page | None:
     return Page(body) if text in body else None
 
 
+def test_the_check_table_has_an_xid_row(sim: SimulatedBackend, clock: FakeClock) -> None:
+    """A card with an active XID 79 does not read ok on every row of the check table."""
+    checks = [check("ecc", i, CheckStatus.OK) for i in range(8)]
+    xid = fault("xid_79", 2, Severity.FATAL, Action.REPLACE_NODE, "GPU has fallen off the bus", clock.now, "xid")
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=lambda: checks, faults=lambda: [xid]))
+    table = max(t for t, _, _ in page.rows)  # the check table comes last here (no partitions)
+    row = next(cells for t, _, cells in page.rows if t == table and cells[0] == "xid")
+    assert row[1:] == ["ok", "ok", "failed", "ok", "ok", "ok", "ok", "ok"]
+
+
 def test_no_sample_yet() -> None:
     assert "No sample yet." in Page(render_status_page(None, 0.0)).words
 
