@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -29,6 +31,7 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         raise ValueError(f"--listen: {exc}") from None
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
+    check_exec_program(args.exec_command)
     check_positive_seconds(args.command_timeout, "--command-timeout")
     tls = _server_tls(args)
     configure_logging(args.log_level)
@@ -51,6 +54,18 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     except StateFileError as exc:
         raise ValueError(str(exc)) from None
     return 0
+
+
+def check_exec_program(command: str) -> None:
+    """A command that names its program by path (``./replace-node.sh``) must find it there and be allowed to run it,
+    or every fault would fail with exit 127 and be retried for ever; a bare name is left to PATH and the shell."""
+    try:
+        program = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        return  # the shell reports what it cannot parse, on the first fault
+    if "/" in program and not os.access(program, os.X_OK):
+        why = "is not executable" if os.path.exists(program) else "does not exist"
+        raise ValueError(f"--exec: {program} {why}")
 
 
 def _server_tls(args: argparse.Namespace) -> GrpcTls | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,3 +37,14 @@ def test_bare_xpuctl_prints_its_commands(capsys: pytest.CaptureFixture[str]) -> 
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: xpuctl") and "gpus" in err and "health" in err
+
+
+def test_hook_serve_refuses_a_program_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before anything listens: a missing ./swap-node.sh would fail every fault with exit 127."""
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\n")
+    for program, why in ((str(tmp_path / "swap-node.sh"), "does not exist"), (str(script), "is not executable")):
+        argv = ["hook", "serve", "--listen", f"unix:{tmp_path / 'h.sock'}", "--exec", f"{program} --now"]
+        assert main([*argv, "--state", str(tmp_path / "h.sqlite")]) == 2
+        assert capsys.readouterr().err.strip() == f"xpuctl: --exec: {program} {why}"
+        assert not (tmp_path / "h.sock").exists()
