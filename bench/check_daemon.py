@@ -130,7 +130,7 @@ def api_round(ctl: Xpuctl, result: dict[str, Any]) -> None:
     try:
         reply = ctl("create", "partitions", "create", "--gpu", "0", "--compute", "50", "--memory", "1GiB",
                     "--owner-lease", "device-check", "--ttl", "300", "--json", admin=True)  # fmt: skip
-        pid = json.loads(reply)[0]["id"] if reply else None
+        pid = json.loads(reply)["id"] if reply else None  # the created partition, one object
         if pid is not None:
             got = ctl("get", "partitions", "get", pid)
             result["partition"] = (got or "").strip().splitlines()[:20]

@@ -28,6 +28,9 @@ from types import ModuleType
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.venv import run_in_the_venv
+
+    run_in_the_venv()
 
 import structlog
 

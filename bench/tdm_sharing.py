@@ -179,7 +179,7 @@ def run_policy(prefix: Sequence[str], exp: Experiment, policy: str) -> PolicyRes
         for name, (compute, memory) in QUOTAS.items():
             reply = xpuctl(prefix, "create", "--gpu", gpu, "--compute", str(compute), "--memory", memory,
                            "--owner-lease", f"tdm-sharing-{name}", "--ttl", "600", "--json")  # fmt: skip
-            ids[name] = json.loads(reply)[0]["id"]
+            ids[name] = json.loads(reply)["id"]  # the created partition, one object
         if not exp.quick:
             for name, pid in ids.items():
                 got = client(prefix, exp, pid, then_cap if name == "A" else matmul)

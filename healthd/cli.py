@@ -10,11 +10,14 @@ from typing import Any
 
 import grpc
 
-from healthd.commands import alert_webhook, faults, health, hook, partitions, simulate, topology, web
+from exporter.version import VERSION
+from healthd.commands import alert_webhook, faults, gpus, health, hook, partitions, simulate, topology, web
 from healthd.commands.args import Parser, check_positive_seconds
+from healthd.commands.output import add_output_options_everywhere
 from healthd.rpc.addresses import default_grpc_listen
 
-COMMANDS = (simulate, faults, health, hook, partitions, topology, alert_webhook, web)  # adding one is one line here
+# adding a command is one line here
+COMMANDS = (gpus, simulate, faults, health, hook, partitions, topology, alert_webhook, web)
 
 EXIT_USAGE = 2
 EXIT_RPC = 1
@@ -48,6 +51,7 @@ def _channel(args: argparse.Namespace) -> grpc.Channel:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="xpuctl", description="Control a running xpu-healthd.")
+    p.add_argument("--version", action="version", version=f"xpuctl {VERSION}")
     p.add_argument(
         "--socket",
         default=os.environ.get("XPU_SOCKET", default_grpc_listen()),
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in COMMANDS:
         command.register(sub)
+    add_output_options_everywhere(p)  # --json and -o on every command that prints a result
     return p
 
 
@@ -91,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `xpuctl`: the commands, as git and kubectl answer
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args, extra = parser.parse_known_args(argv)
     if extra:  # KEY=VALUE pairs given after options, e.g. `inject hang --gpu 3 call=sample`
         if not hasattr(args, "params") or not all("=" in e and not e.startswith("-") for e in extra):

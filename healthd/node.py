@@ -32,7 +32,7 @@ from exporter.sampler import Sampler, SamplerSettings
 from exporter.supervision import Workers, WorkersCollector
 from healthd.component import Component
 from healthd.faults.engine import CheckState
-from healthd.faults.fault import Fault
+from healthd.faults.fault import Fault, HookDelivery
 from healthd.faults.out_of_service import gpus_out_of_service
 from healthd.host.view import HostView
 from healthd.rpc.server import Service
@@ -62,6 +62,8 @@ class FaultBook(Protocol):
     def check_states(self) -> Sequence[CheckState]: ...
 
     def backlogs(self) -> Mapping[str, int]: ...
+
+    def hook_deliveries(self) -> Sequence[HookDelivery]: ...
 
 
 class Node:
@@ -169,6 +171,10 @@ class Node:
 
     def check_states(self) -> Sequence[CheckState]:
         return self._faults.check_states() if self._faults is not None else ()
+
+    def hook_deliveries(self) -> Sequence[HookDelivery]:
+        """Each queued fault's state with each hook target: pending, delivered or failing (and why)."""
+        return self._faults.hook_deliveries() if self._faults is not None else ()
 
     def attribution(self) -> Attribution | None:
         """Who each GPU process belongs to, as of the latest Snapshot attributed."""

@@ -18,6 +18,7 @@ class GpuIdentity:
     uuid: str
     name: str
     pci_bus_id: str  # as NVML reports it
+    serial: str = ""  # the board serial; "" where the card does not report one
 
 
 def read_topology(
@@ -45,6 +46,7 @@ def read_topology(
                 name=ident.name,
                 location=location,
                 nvlink_peers=None if peers is None else tuple(_peer(p) for p in peers),
+                serial=ident.serial,
             )
         )
     nics, nic_warnings = read_nics(sysfs)

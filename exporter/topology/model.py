@@ -106,6 +106,7 @@ class Gpu:
     name: str
     location: PcieLocation
     nvlink_peers: tuple[str, ...] | None  # remote PCI bus id (sysfs form) or NVLINK_SWITCH per active link
+    serial: str = ""  # the board serial, for finding the card in the rack; "" when not reported
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import structlog
 from exporter.backends.errors import BackendError
 from exporter.backends.guarded import GuardedBackend
 from exporter.backends.lanes import CallTimeoutError, CardHungError, Pending
-from exporter.backends.types import UNSUPPORTED
+from exporter.backends.types import UNSUPPORTED, Unsupported
 from exporter.executor import SerialExecutor
 from exporter.snapshot import Snapshot
 from exporter.topology.discover import GpuIdentity, read_topology
@@ -181,11 +181,17 @@ class TopologyRefresher:
         return topology
 
 
+def _serial(serial: str | Unsupported) -> str:
+    return "" if isinstance(serial, Unsupported) else serial
+
+
 def _identities(snap: Snapshot | None) -> tuple[GpuIdentity, ...] | None:
     """The cards whose inventory is known; None when none is (a card stuck since start is left out for now)."""
     if snap is None:
         return None
     out = tuple(
-        GpuIdentity(g.index, g.info.uuid, g.info.name, g.info.pci_bus_id) for g in snap.gpus if g.info is not None
+        GpuIdentity(g.index, g.info.uuid, g.info.name, g.info.pci_bus_id, _serial(g.info.serial))
+        for g in snap.gpus
+        if g.info is not None
     )
     return out or None

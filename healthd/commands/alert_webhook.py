@@ -73,4 +73,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         serve_p.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --hook only (required there): {what} (PEM)")
     serve_p.add_argument("--hook-tls-server-name", metavar="NAME", help="name to check in the hook's certificate")
     serve_p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve_p.set_defaults(func=cmd_serve)
+    serve_p.set_defaults(func=cmd_serve, prints_result=False)  # a server: it logs, it has no result

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from healthd.commands import args as argtypes
+from healthd.commands.output import enum_label, print_json, table, wants_json
 from healthd.findings import Action, Severity
 
 if TYPE_CHECKING:
@@ -33,18 +34,33 @@ def _gpu(f: health_pb2.Fault) -> str:
     return str(f.gpu.index) if f.HasField("gpu") else "-"
 
 
-def _label(enum_name: str) -> str:
-    return enum_name.split("_", 1)[1].lower() if "_" in enum_name else enum_name.lower()
-
-
-def format_fault(f: health_pb2.Fault) -> str:
+def fault_cells(f: health_pb2.Fault) -> tuple[str, ...]:
+    """ID, state, GPU, check/code, severity, action, count, message: the words the JSON uses too."""
     from healthd.api.v1 import health_pb2 as pb
 
     return (
-        f"{f.id}  {pb.FaultState.Name(f.state)[len('FAULT_STATE_') :].lower():8} gpu={_gpu(f):3} {f.check}/{f.code}"
-        f"  {pb.Severity.Name(f.severity)[len('SEVERITY_') :].lower()}"
-        f"  action={pb.Action.Name(f.action)[len('ACTION_') :].lower()}  count={f.count}  {f.message}"
+        f.id,
+        enum_label(pb.FaultState.DESCRIPTOR, f.state),
+        _gpu(f),
+        f"{f.check}/{f.code}",
+        enum_label(pb.Severity.DESCRIPTOR, f.severity),
+        enum_label(pb.Action.DESCRIPTOR, f.action),
+        str(f.count),
+        f.message,
     )
+
+
+FAULT_HEADER = ("ID", "STATE", "GPU", "CHECK/CODE", "SEVERITY", "ACTION", "COUNT", "MESSAGE")
+
+
+def fault_table(faults: list[health_pb2.Fault]) -> list[str]:
+    return table(FAULT_HEADER, (fault_cells(f) for f in faults), right=(2, 6))
+
+
+def format_fault(f: health_pb2.Fault) -> str:
+    """One fault on one line, for a stream (its columns cannot be sized in advance)."""
+    fid, state, gpu, code, severity, action, count, message = fault_cells(f)
+    return f"{fid}  {state}  gpu={gpu}  {code}  {severity}  action={action}  count={count}  {message}"
 
 
 def format_record(r: health_pb2.FaultRecord) -> str:
@@ -71,14 +87,12 @@ def cmd_faults_list(args: argparse.Namespace, channel: grpc.Channel) -> int:
     )
     stub = pb_grpc.HealthStub(channel)
     reply = stub.ListFaults(request, timeout=args.timeout)
-    if args.json:
-        from google.protobuf import json_format
-
-        print(json_format.MessageToJson(reply, preserving_proto_field_name=True))
+    if wants_json(args):
+        print_json(reply)
         return 0
-    for fault in reply.faults:
-        print(format_fault(fault))
-    if not reply.faults:
+    if reply.faults:
+        print("\n".join(fault_table(list(reply.faults))))
+    else:
         print("no faults", file=sys.stderr)
     return 0
 
@@ -95,11 +109,15 @@ def cmd_faults_watch(args: argparse.Namespace, channel: grpc.Channel) -> int:
         try:
             for item in stub.WatchFaults(pb.WatchFaultsRequest(after_seq=last), wait_for_ready=True):
                 delay = 0.5
-                if item.HasField("gap"):
+                if wants_json(args):
+                    print_json(item, one_line=True)  # one object per line, a gap included
+                elif item.HasField("gap"):
                     print(f"gap: records {item.gap.from_seq}..{item.gap.to_seq} were removed by retention", flush=True)
+                else:
+                    print(format_record(item.record), flush=True)
+                if item.HasField("gap"):
                     last = item.gap.to_seq
                     continue
-                print(format_record(item.record), flush=True)
                 last = item.record.seq
                 if args.count and args.count <= item.record.seq - args.after:
                     return 0
@@ -124,7 +142,10 @@ def cmd_faults_resolve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     with grpc.insecure_channel(admin_address(args)) as admin:
         stub = pb_grpc.HealthStub(admin)
         reply = stub.ResolveFault(pb.ResolveFaultRequest(id=args.id, reason=args.reason), timeout=args.timeout)
-    print(format_record(reply.record))
+    if wants_json(args):
+        print_json(reply)
+    else:
+        print(format_record(reply.record))
     return 0
 
 
@@ -138,7 +159,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lst.add_argument("--min-action", help="none, restart_app, reset_gpu, reboot_node, replace_node")
     lst.add_argument("--min-severity", help="info, warning, critical, fatal")
     lst.add_argument("--limit", type=argtypes.uint(10000), default=0, help="at most this many (default 1000)")
-    lst.add_argument("--json", action="store_true", help="print the reply as JSON")
     lst.set_defaults(func=cmd_faults_list)
     watch = faults_sub.add_parser("watch", help="stream fault records as they happen (Ctrl-C to stop)")
     watch.add_argument(

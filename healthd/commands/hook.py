@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import grpc
 
 from exporter.settings import ConfigError
 from healthd.commands.args import check_positive_seconds
+from healthd.commands.output import print_json, wants_json
 from healthd.rpc.addresses import check_grpc_address
 from healthd.rpc.transport import GrpcTls, is_tcp, load_pem_files
 from healthd.state_files import CorruptStateError, StateFileError, move_aside_if_corrupt
@@ -29,6 +32,7 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
         raise ValueError(f"--listen: {exc}") from None
     if not args.exec_command.strip():
         raise ValueError("--exec: the command must not be empty")
+    check_exec_program(args.exec_command)
     check_positive_seconds(args.command_timeout, "--command-timeout")
     if not (math.isfinite(args.dedup_window) and args.dedup_window >= 0):
         raise ValueError(f"--dedup-window: seconds, 0 or more (0: off), got {args.dedup_window}")
@@ -59,6 +63,18 @@ def cmd_hook_serve(args: argparse.Namespace, channel: grpc.Channel) -> int:
     except StateFileError as exc:
         raise ValueError(str(exc)) from None
     return 0
+
+
+def check_exec_program(command: str) -> None:
+    """A command that names its program by path (``./replace-node.sh``) must find it there and be allowed to run it,
+    or every fault would fail with exit 127 and be retried for ever; a bare name is left to PATH and the shell."""
+    try:
+        program = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        return  # the shell reports what it cannot parse, on the first fault
+    if "/" in program and not os.access(program, os.X_OK):
+        why = "is not executable" if os.path.exists(program) else "does not exist"
+        raise ValueError(f"--exec: {program} {why}")
 
 
 def _server_tls(args: argparse.Namespace) -> GrpcTls | None:
@@ -95,7 +111,10 @@ def cmd_hook_move_aside(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if outcome is None:
         raise ValueError(f"--state {path}: the file is readable, nothing moved (delete it yourself to start afresh)")
     moved, corruption = outcome
-    print(f"moved {path} to {moved}. {corruption.lost}")
+    if wants_json(args):
+        print_json({"moved": str(path), "to": str(moved), "lost": corruption.lost})
+    else:
+        print(f"moved {path} to {moved}. {corruption.lost}")
     return 0
 
 
@@ -127,7 +146,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("--tls-client-ca", "CA that signed the daemons' client certificates"),
     ):
         serve.add_argument(flag, type=Path, metavar="FILE", help=f"TCP --listen only (required there): {what} (PEM)")
-    serve.set_defaults(func=cmd_hook_serve)
+    serve.set_defaults(func=cmd_hook_serve, prints_result=False)  # a server: it logs, it has no result
     aside = hook_sub.add_parser(
         "move-aside",
         help="rename a corrupt hook state file to FILE.corrupt-<time> so the hook can start afresh",

@@ -7,7 +7,6 @@ healthd-admin.sock next to --socket), which only root (or the configured admin g
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import time
@@ -15,16 +14,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import grpc
-from google.protobuf import json_format
 
 from healthd.commands import args as argtypes
 from healthd.commands import partition_exec
+from healthd.commands.output import enum_label, print_json, print_table, wants_json
 
 if TYPE_CHECKING:
     from healthd.api.v1 import partitions_pb2, partitions_pb2_grpc
 
 MODE_NAMES = {"none": "PARTITION_MODE_NONE", "tdm": "PARTITION_MODE_TDM", "mig": "PARTITION_MODE_MIG"}
-MODE_LABEL = {0: "?", 1: "none", 2: "tdm", 3: "mig"}
 
 
 def _stub(channel: grpc.Channel) -> partitions_pb2_grpc.PartitionsStub:
@@ -69,28 +67,24 @@ def _owner(args: argparse.Namespace) -> partitions_pb2.Owner:
     return pb.Owner(lease=pb.LeaseOwner(holder=holder, ttl_seconds=args.ttl))
 
 
-def _print_partitions(partitions: Sequence[partitions_pb2.Partition], as_json: bool) -> None:
+def _print_partitions(partitions: Sequence[partitions_pb2.Partition]) -> None:
     """One row per partition; for MIG, PROFILE is the profile the daemon picked (COMPUTE and MEMORY are what was
     asked); EXPIRES is when a lease runs out unless renewed (local time, and how long from now)."""
-    if as_json:
-        print(json.dumps([json_format.MessageToDict(p) for p in partitions], indent=2))
-        return
-    print(
-        f"{'ID':16} {'GPU':>3} {'MODE':4} {'COMPUTE':>7} {'MEMORY':>10} {'PROFILE':10} {'STATE':8} {'OWNER':32} "
-        f"{'EXPIRES':16} DEVICE"
-    )
+    from healthd.api.v1 import partitions_pb2 as pb
+
+    rows = []
     now = time.time()
     for p in partitions:
         compute = f"{p.compute_percent}%" if p.compute_percent else "-"
         memory = f"{p.memory_limit_bytes // 2**20}MiB" if p.memory_limit_bytes else "-"
-        owner = _describe_owner(p.owner)
         device = p.mig.uuid if p.HasField("mig") else p.cdi_device
         profile = p.mig.profile if p.HasField("mig") else "-"
         expires = _expiry(p.lease_expires_at, now) if p.owner.WhichOneof("kind") == "lease" else "-"
-        print(
-            f"{p.id:16} {p.gpu:>3} {MODE_LABEL[p.mode]:4} {compute:>7} {memory:>10} {profile:10} {p.state:8} "
-            f"{owner:32} {expires:16} {device}"
-        )
+        mode = enum_label(pb.PartitionMode.DESCRIPTOR, p.mode)
+        rows.append((p.id, p.gpu, mode, compute, memory, profile, p.state, _describe_owner(p.owner), expires, device))
+    print_table(
+        ("ID", "GPU", "MODE", "COMPUTE", "MEMORY", "PROFILE", "STATE", "OWNER", "EXPIRES", "DEVICE"), rows, right=(1, 3, 4)
+    )
 
 
 def _expiry(expires_at: float, now: float) -> str:
@@ -139,7 +133,10 @@ def cmd_create(args: argparse.Namespace, channel: grpc.Channel) -> int:
         request.mig_placement_start = args.mig_placement
     with grpc.insecure_channel(admin_address(args)) as admin:
         partition = _stub(admin).CreatePartition(request, timeout=args.timeout)
-    _print_partitions([partition], args.json)
+    if wants_json(args):
+        print_json(partition)
+    else:
+        _print_partitions([partition])
     return 0
 
 
@@ -147,7 +144,10 @@ def cmd_list(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import partitions_pb2 as pb
 
     reply = _stub(channel).ListPartitions(pb.ListPartitionsRequest(gpu=args.gpu), timeout=args.timeout)
-    _print_partitions(reply.partitions, args.json)
+    if wants_json(args):
+        print_json(reply)
+    else:
+        _print_partitions(reply.partitions)
     return 0
 
 
@@ -155,10 +155,10 @@ def cmd_get(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import partitions_pb2 as pb
 
     partition = _stub(channel).GetPartition(pb.GetPartitionRequest(id=args.id), timeout=args.timeout)
-    if args.json:
-        print(json.dumps(json_format.MessageToDict(partition), indent=2))
+    if wants_json(args):
+        print_json(partition)
     else:
-        _print_partitions([partition], False)
+        _print_partitions([partition])
         if partition.HasField("client_uid"):
             print(f"  client uid {partition.client_uid}")
         for key, value in sorted(partition.env.items()):
@@ -171,6 +171,9 @@ def cmd_delete(args: argparse.Namespace, channel: grpc.Channel) -> int:
 
     with grpc.insecure_channel(admin_address(args)) as admin:
         reply = _stub(admin).DeletePartition(pb.DeletePartitionRequest(id=args.id), timeout=args.timeout)
+    if wants_json(args):
+        print_json(reply)
+        return 0
     print(f"{reply.id}: {'deleted' if reply.deleted else 'did not exist'}")
     return 0
 
@@ -180,6 +183,9 @@ def cmd_renew(args: argparse.Namespace, channel: grpc.Channel) -> int:
 
     with grpc.insecure_channel(admin_address(args)) as admin:
         p = _stub(admin).RenewLease(pb.RenewLeaseRequest(id=args.id, ttl_seconds=args.ttl), timeout=args.timeout)
+    if wants_json(args):
+        print_json(p)
+        return 0
     print(f"{p.id}: lease until {p.lease_expires_at:.0f}")
     return 0
 
@@ -191,8 +197,11 @@ def cmd_mode(args: argparse.Namespace, channel: grpc.Channel) -> int:
     request = pb.SetCardModeRequest(gpu=args.gpu, mode=MODE_NAMES[args.mode], sharing=sharing[args.sharing])
     with grpc.insecure_channel(admin_address(args)) as admin:
         card = _stub(admin).SetCardMode(request, timeout=args.timeout)
+    if wants_json(args):
+        print_json(card)
+        return 0
     extra = f", sharing {card.tdm_sharing}" if card.tdm_sharing else ""
-    print(f"GPU {card.gpu} ({card.gpu_uuid}): mode {MODE_LABEL[card.mode]}{extra}")
+    print(f"GPU {card.gpu} ({card.gpu_uuid}): mode {enum_label(pb.PartitionMode.DESCRIPTOR, card.mode)}{extra}")
     return 0
 
 
@@ -200,19 +209,20 @@ def cmd_capacity(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import partitions_pb2 as pb
 
     reply = _stub(channel).GetCapacity(pb.GetCapacityRequest(gpu=args.gpu), timeout=args.timeout)
-    if args.json:
-        print(json.dumps(json_format.MessageToDict(reply), indent=2))
+    if wants_json(args):
+        print_json(reply)
         return 0
-    print(
-        f"{'GPU':>3} {'MODE':4} {'SHARING':8} {'PARTS':>5} {'COMPUTE':>8} {'MEMORY (MiB)':>18} {'MIG FREE':>8} FOREIGN"
-    )
+    rows = []
     for c in reply.cards:
+        mode = enum_label(pb.PartitionMode.DESCRIPTOR, c.mode)
         memory = f"{c.memory_allocated_bytes // 2**20}/{c.memory_total_bytes // 2**20}"
-        slices = str(c.mig_memory_slices_free) if MODE_LABEL[c.mode] == "mig" else "-"
-        print(
-            f"{c.gpu:>3} {MODE_LABEL[c.mode]:4} {c.tdm_sharing or '-':8} {c.partitions:>5} "
-            f"{c.compute_percent_allocated:>7}% {memory:>18} {slices:>8} {len(c.foreign_mig_instances)}"
-        )
+        slices = str(c.mig_memory_slices_free) if c.mode == pb.PARTITION_MODE_MIG else "-"
+        rows.append(
+            (c.gpu, mode, c.tdm_sharing or "-", c.partitions, f"{c.compute_percent_allocated}%", memory, slices,
+             len(c.foreign_mig_instances))
+        )  # fmt: skip
+    header = ("GPU", "MODE", "SHARING", "PARTS", "COMPUTE", "MEMORY (MiB)", "MIG FREE", "FOREIGN")
+    print_table(header, rows, right=(0, 3, 4, 5, 6, 7))
     return 0
 
 
@@ -274,17 +284,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="tdm: the uid the partition's CUDA processes run as; on a card in tdm sharing 'shared' partitions "
         "for another uid are then refused, since its one MPS daemon serves one uid at a time",
     )
-    create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_create)
 
     lst = ps.add_parser("list", help="list partitions")
     lst.add_argument("--gpu", type=argtypes.gpu_ref(optional=True), default="", help="only this GPU (index or UUID)")
-    lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=cmd_list)
 
     get = ps.add_parser("get", help="show one partition with its environment")
     get.add_argument("id", type=argtypes.partition_id)
-    get.add_argument("--json", action="store_true")
     get.set_defaults(func=cmd_get)
 
     delete = ps.add_parser("delete", help="delete a partition")
@@ -310,7 +317,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     cap = ps.add_parser("capacity", help="allocated and free capacity per card")
     cap.add_argument("--gpu", type=argtypes.gpu_ref(optional=True), default="", help="only this GPU (index or UUID)")
-    cap.add_argument("--json", action="store_true")
     cap.set_defaults(func=cmd_capacity)
 
     ex = ps.add_parser(
@@ -320,4 +326,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     ex.add_argument("id", type=argtypes.partition_id)
     ex.add_argument("command", nargs=argparse.REMAINDER)
-    ex.set_defaults(func=cmd_exec)
+    ex.set_defaults(func=cmd_exec, prints_result=False)  # it becomes the command: nothing of its own to format

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import grpc
 
 from healthd.commands import args as argtypes
+from healthd.commands.output import print_json, print_table, wants_json
 
 
 def _params(pairs: Sequence[str]) -> dict[str, str]:
@@ -28,7 +29,10 @@ def cmd_simulate_inject(args: argparse.Namespace, channel: grpc.Channel) -> int:
     reply = stub.InjectFault(
         pb.InjectFaultRequest(kind=args.kind, gpu=args.gpu, params=_params(args.params)), timeout=args.timeout
     )
-    print(reply.description)
+    if wants_json(args):
+        print_json(reply)
+    else:
+        print(reply.description)
     return 0
 
 
@@ -38,17 +42,31 @@ def cmd_simulate_clear(args: argparse.Namespace, channel: grpc.Channel) -> int:
 
     stub = pb_grpc.SimulationStub(channel)
     request = pb.ClearFaultsRequest() if args.gpu is None else pb.ClearFaultsRequest(gpu=args.gpu)
-    print(stub.ClearFaults(request, timeout=args.timeout).description)
+    reply = stub.ClearFaults(request, timeout=args.timeout)
+    if wants_json(args):
+        print_json(reply)
+    else:
+        print(reply.description)
     return 0
 
 
 def cmd_simulate_kinds(args: argparse.Namespace, channel: grpc.Channel) -> int:
+    """Each kind with what it does, then one line per parameter: meaning, allowed values, default."""
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 
     stub = pb_grpc.SimulationStub(channel)
-    for kind in stub.ListFaultKinds(pb.ListFaultKindsRequest(), timeout=args.timeout).kinds:
-        print(f"{kind.kind:16} {' '.join(p + '=' for p in kind.params)}")
+    reply = stub.ListFaultKinds(pb.ListFaultKindsRequest(), timeout=args.timeout)
+    if wants_json(args):
+        print_json(reply)
+        return 0
+    rows: list[tuple[str, str]] = []
+    for kind in reply.kinds:
+        rows.append((kind.kind, kind.summary or "-"))
+        for p in kind.parameters:
+            default = "required" if p.required else f"default {p.default_value or '-'}"
+            rows.append((f"  {p.name}=", f"{p.meaning or '-'}; {p.allowed or 'any value'}; {default}"))
+    print_table(("KIND / PARAMETER", "WHAT IT DOES / MEANING; ALLOWED VALUES; DEFAULT"), rows)
     return 0
 
 
@@ -63,5 +81,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     clear = sim_sub.add_parser("clear", help="clear persistent faults (hangs, lost cards, links down)")
     clear.add_argument("--gpu", type=argtypes.uint(65535), default=None, help="only this GPU (default: all)")
     clear.set_defaults(func=cmd_simulate_clear)
-    kinds = sim_sub.add_parser("kinds", help="list the fault kinds and their parameters")
+    kinds = sim_sub.add_parser("kinds", help="the fault kinds, what each does, and the meaning of each parameter")
     kinds.set_defaults(func=cmd_simulate_kinds)

@@ -11,6 +11,7 @@ import argparse
 import grpc
 
 from healthd.commands import args as argtypes
+from healthd.commands.output import print_json, print_table, wants_json
 
 
 def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
@@ -22,6 +23,9 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
     stub = pb_grpc.TopologyStub(channel)
     if args.preferred is None:
         reply = stub.Get(pb.GetTopologyRequest(), timeout=args.timeout)
+        if wants_json(args):
+            print_json(reply)
+            return 0
         print(render_matrix(topology_from_pb(reply)), end="")
         return 0
     if args.preferred < 1:
@@ -35,14 +39,17 @@ def cmd_topology(args: argparse.Namespace, channel: grpc.Channel) -> int:
         ),
         timeout=args.timeout,
     )
+    if wants_json(args):
+        print_json(choice)
+        return 0
     print(f"GPUs:       {','.join(str(g) for g in choice.gpus)}")
     print(f"UUIDs:      {','.join(choice.uuids)}")
     print(f"worst link: {choice.worst_link}{'' if choice.exact else ' (greedy search)'}")
     if choice.excluded_faulty_gpus:
         print(f"left out:   {','.join(str(g) for g in choice.excluded_faulty_gpus)} (active faults)")
     print("NICs, nearest first:")
-    for nic in choice.nics:
-        print(f"  {nic.name:<10} {','.join(nic.netdevs):<14} {nic.link:<5} {nic.level:<17} nearest GPU{nic.gpu}")
+    rows = [(nic.name, ",".join(nic.netdevs), nic.link, nic.level, f"GPU{nic.gpu}") for nic in choice.nics]
+    print_table(("NIC", "NETDEVS", "LINK", "LEVEL", "NEAREST"), rows)
     return 0
 
 

@@ -12,6 +12,8 @@ import sys
 
 import grpc
 
+from healthd.commands.output import print_json, wants_json
+
 BCRYPT_MAX_BYTES = 72  # bcrypt ignores (or, in newer versions, refuses) anything past the 72nd byte
 DEFAULT_COST = 12
 
@@ -46,7 +48,11 @@ def cmd_hash_password(args: argparse.Namespace, channel: grpc.Channel) -> int:
     if not 4 <= args.cost <= 31:
         raise ValueError(f"--cost: bcrypt takes 4 to 31, got {args.cost}")
     password = read_password(prompt=sys.stdin.isatty() and not args.stdin)
-    print(hash_password(password, args.cost))
+    hashed = hash_password(password, args.cost)
+    if wants_json(args):
+        print_json({"hash": hashed})
+    else:
+        print(hashed)
     return 0
 
 

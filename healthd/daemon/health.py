@@ -23,7 +23,7 @@ from healthd.daemon.config import DaemonSettings
 from healthd.faults import service as health_service
 from healthd.faults.engine import CheckState, FaultEngine
 from healthd.faults.escalation import read_boot_id
-from healthd.faults.fault import Fault
+from healthd.faults.fault import Fault, HookDelivery
 from healthd.faults.journal import Journal
 from healthd.faults.metrics import FaultMetricsCollector
 from healthd.faults.notify import CommitSignal
@@ -133,6 +133,9 @@ class HealthComponent(ComponentBase):
 
     def check_states(self) -> list[CheckState]:
         return self.engine.check_states()
+
+    def hook_deliveries(self) -> Sequence[HookDelivery]:
+        return self.dispatcher.deliveries
 
     def backlogs(self) -> dict[str, int]:
         """Work queued behind a slow disk or an unreachable hook (the node status shows it)."""

@@ -19,7 +19,11 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.component import ComponentBase
 from healthd.daemon.config import Config
+from healthd.daemon.runbooks import alert_runbooks
+from healthd.daemon.status_hook import HookView
 from healthd.daemon.status_page import render_status_page
+from healthd.faults.settings import HookSettings
+from healthd.findings import Action
 from healthd.node import Node
 from healthd.partition.component import PartitionsComponent
 from healthd.rpc.transport import load_metrics_web_config
@@ -66,6 +70,9 @@ class MetricsEndpoint(ComponentBase):
 def status_page(node: Node) -> Callable[[], str]:
     """The status page over the node's answers (and the partitions, where they are served)."""
     partitions = node.built(PartitionsComponent)
+    hook_settings = node.settings(HookSettings)
+    hook = HookView(hook_settings.endpoints, Action[hook_settings.min_action.upper()], node.hook_deliveries)
+    runbooks = alert_runbooks()
 
     def render() -> str:
         return render_status_page(
@@ -76,6 +83,9 @@ def status_page(node: Node) -> Callable[[], str]:
             hostname=socket.gethostname(),
             version=VERSION,
             node=node.status(),
+            attribution=node.attribution,
+            hook=hook,
+            runbooks=runbooks,
         )
 
     return render

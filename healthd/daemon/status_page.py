@@ -21,16 +21,20 @@ from typing import TypeVar
 
 import structlog
 
-from exporter.backends.types import DeviceSample, LinkState, Unsupported
+from exporter.attribution.attributor import Attribution
+from exporter.backends.types import DeviceInfo, DeviceSample, LinkState, Unsupported
 from exporter.health import Level, NodeStatus
 from exporter.snapshot import GpuSnapshot, Snapshot
+from healthd.daemon.runbooks import AlertRunbook, runbook_for, runbook_link, runbooks_section
+from healthd.daemon.status_hook import HookView, hook_cell, hook_problems, latest
 from healthd.faults.engine import CheckState
 from healthd.faults.fault import Fault
-from healthd.findings import Action, CheckStatus, GpuRef, Severity
+from healthd.findings import Action, CheckResult, CheckStatus, GpuRef, Severity
 from healthd.partition.model import PartitionRecord
 
 log = structlog.get_logger("status_page")
 T = TypeVar("T")
+MAX_PODS_SHOWN = 4  # per card; the rest are counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,8 @@ header h1{font-size:18px;margin:0}header a{color:#9cc3ff}main{padding:12px 20px}
 .muted{color:#6b7280}table{border-collapse:collapse;width:100%;background:#fff;margin-bottom:18px}
 th,td{border-bottom:1px solid #e5e7eb;padding:5px 8px;text-align:left;vertical-align:top;white-space:nowrap}
 th{background:#eef0f4;font-weight:600}td.wrap{white-space:normal}h2{font-size:15px;margin:16px 0 6px}
+td.state{white-space:normal;min-width:12em;max-width:28em}.scroll{overflow-x:auto;margin-bottom:18px}
+.scroll table{margin-bottom:0}@media (max-width:1100px){th,td{padding:4px 5px}body{font-size:13px}}
 tr.bad-row td{background:#fff5f5}tr.warn-row td{background:#fffaf0}
 .pill{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;margin:1px 3px 1px 0}
 """
@@ -125,15 +131,43 @@ def _pill(p: Problem) -> str:
     return f'<span class="pill {p.level}"{title}>{_e(p.text)}</span>'
 
 
-def _gpu_rows(snapshot: Snapshot, problems: dict[int, list[Problem]]) -> str:
+def pods_by_gpu(attribution: Attribution | None) -> dict[int, list[str]]:
+    """namespace/pod of every pod on each card: those kubelet allocated it and those whose processes run on it."""
+    if attribution is None:
+        return {}
+    found: dict[int, set[str]] = {}
+    for a in attribution.allocations:
+        found.setdefault(a.gpu, set()).add(f"{a.namespace}/{a.pod}")
+    for p in attribution.processes:
+        if p.workload.pod:
+            found.setdefault(p.gpu, set()).add(f"{p.workload.namespace}/{p.workload.pod}")
+    return {gpu: sorted(pods) for gpu, pods in found.items()}
+
+
+def _identity(info: DeviceInfo | None) -> str:
+    """Model, then the PCI bus id and serial a technician finds the card by, and the full UUID on hover."""
+    if info is None:
+        return "?"
+    serial = "" if isinstance(info.serial, Unsupported) else info.serial
+    ident = f"{info.pci_bus_id} · S/N {serial}" if serial else info.pci_bus_id
+    return f'{_e(info.name)}<br><span class="muted" title="{_e(info.uuid)}">{_e(ident)}</span>'
+
+
+def _pods_cell(pods: Sequence[str]) -> str:
+    if not pods:
+        return '<td class="wrap muted">&ndash;</td>'
+    shown = ", ".join(_e(p) for p in pods[:MAX_PODS_SHOWN])
+    more = f" and {len(pods) - MAX_PODS_SHOWN} more" if len(pods) > MAX_PODS_SHOWN else ""
+    return f'<td class="wrap">{shown}{more}</td>'
+
+
+def _gpu_rows(snapshot: Snapshot, problems: dict[int, list[Problem]], pods: dict[int, list[str]]) -> str:
     rows = []
     for gpu in snapshot.gpus:
         info, s = gpu.info, gpu.sample
         found = problems.get(gpu.index, [])
         level = _worst(found)
         state = "".join(_pill(p) for p in found) or '<span class="pill ok">ok</span>'
-        name = _e(info.name) if info else "?"
-        uuid = _e(info.uuid[:12] + "…") if info else ""
         if s is None or not gpu.fresh:
             values = '<td colspan="7" class="muted">no current values</td>'
         else:
@@ -154,15 +188,16 @@ def _gpu_rows(snapshot: Snapshot, problems: dict[int, list[Problem]]) -> str:
                 f"<td>{_ecc_counts(s)}</td><td>{links}</td><td>{mig}</td>"
             )
         rows.append(
-            f'<tr class="{level}-row"><td>{gpu.index}</td><td>{name}<br><span class="muted">{uuid}</span></td>'
-            f'{values}<td class="wrap">{state}</td></tr>'
+            f'<tr class="{level}-row"><td>{gpu.index}</td><td>{_identity(info)}</td>'
+            f'<td class="state">{state}</td>{values}{_pods_cell(pods.get(gpu.index, []))}</tr>'
         )
     head = (
-        "<tr><th>GPU</th><th>model</th><th>util</th><th>memory</th><th>temp</th><th>power</th>"
+        "<tr><th>GPU</th><th>model, PCI bus id, serial</th><th>state</th><th>util</th><th>memory</th><th>temp</th>"
+        "<th>power</th>"
         '<th title="volatile ECC errors since the last GPU reset: uncorrectable / correctable">ECC unc / corr</th>'
-        "<th>NVLink up</th><th>MIG</th><th>state</th></tr>"
+        "<th>NVLink up</th><th>MIG</th><th>pods</th></tr>"
     )
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f'<div class="scroll"><table>{head}{"".join(rows)}</table></div>'
 
 
 def _worst(problems: Sequence[Problem]) -> str:
@@ -181,8 +216,28 @@ def _gpu_text(gpu: int | None) -> str:
     return "node" if gpu is None else str(gpu)
 
 
-def _checks_table(states: Sequence[CheckState]) -> str:
+def xid_results(results: Sequence[CheckResult], active: Sequence[Fault]) -> list[CheckResult]:
+    """An xid row for the check table, as `xpuctl health` makes it: XIDs are events, not a check run every cycle,
+    so each card's state comes from its active XID faults (failed for critical or fatal, warning below, ok without)."""
+    if any(r.check == "xid" for r in results):
+        return []
+    cards = {r.gpu.index: r.gpu for r in results if r.gpu is not None}
+    xids = [f for f in active if f.check == "xid" and f.gpu is not None]
+    cards.update({f.gpu.index: f.gpu for f in xids if f.gpu is not None})
+    out = []
+    for index, ref in sorted(cards.items()):
+        found = sorted((f for f in xids if f.gpu is not None and f.gpu.index == index), key=lambda f: -f.severity)
+        if not found:
+            out.append(CheckResult("xid", ref, CheckStatus.OK))
+            continue
+        status = CheckStatus.FAILED if found[0].severity >= Severity.CRITICAL else CheckStatus.WARNING
+        out.append(CheckResult("xid", ref, status, "; ".join(f"{f.code}: {f.message}" for f in found)))
+    return out
+
+
+def _checks_table(states: Sequence[CheckState], active: Sequence[Fault] = ()) -> str:
     rows = [s.result for s in states]
+    rows += xid_results(rows, active)
     checks = sorted({r.check for r in rows})
     gpus = sorted({_index(r.gpu) for r in rows}, key=lambda g: -1 if g is None else g)
     cell = {(r.check, _index(r.gpu)): r for r in rows}
@@ -202,17 +257,25 @@ def _checks_table(states: Sequence[CheckState]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _faults_table(faults: Sequence[Fault], now: float) -> str:
+def _faults_table(faults: Sequence[Fault], now: float, hook: HookView | None, runbooks: Sequence[AlertRunbook]) -> str:
+    by_fault = latest(hook.deliveries()) if hook is not None else {}
     body = []
     for f in faults:
+        hook_td = f"<td>{hook_cell(f, hook, by_fault)}</td>" if hook is not None else ""
+        found = runbook_for(f.code, f.action.label, runbooks)
+        hook_td += f"<td>{runbook_link(found) if found else '&ndash;'}</td>"
         age = max(0.0, now - f.first_seen)
         severity = f.severity.name.lower()
         body.append(
             f'<tr><td><span class="pill {fault_level(f.severity) or "muted"}">{_e(severity)}</span></td>'
             f"<td>{_e(f.code)}</td><td>{_e(_gpu_text(_index(f.gpu)))}</td><td><b>{_e(f.action.label)}</b></td>"
-            f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td></tr>'
+            f'<td class="wrap">{_e(f.message)}</td><td>{age:.0f} s ago</td>{hook_td}</tr>'
         )
-    head = "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th></tr>"
+    hook_th = '<th title="the replacement hook: delivered, pending or failing">hook</th>' if hook else ""
+    head = (
+        "<tr><th>severity</th><th>code</th><th>GPU</th><th>action</th><th>message</th><th>since</th>"
+        f"{hook_th}<th>runbook</th></tr>"
+    )
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -286,9 +349,12 @@ def render_status_page(
     hostname: str = "",
     version: str = "",
     node: NodeStatus | None = None,
+    attribution: Callable[[], Attribution | None] | None = None,
+    hook: HookView | None = None,
+    runbooks: Sequence[AlertRunbook] = (),
 ) -> str:
-    """``checks`` and ``faults`` are the fault engine's, ``partitions`` the partition manager's; None: not in this
-    build (the section says so)."""
+    """``checks`` and ``faults`` are the fault engine's, ``partitions`` the partition manager's, ``attribution``
+    who runs on each card; None: not in this build (the section says so)."""
     now = time.time() if now is None else now
     title = f"xpu-healthd {hostname}".strip()
     header = (
@@ -315,15 +381,44 @@ def render_status_page(
         banner = ("bad" if banner[0] == "bad" else "warn", f"{banner[1]}. {node.summary}")
     elif stuck:
         banner = (banner[0], banner[1] + f" ({len(stuck)} not answering)")
+    if hook is not None and active:
+        extra = _hook_problems(active, hook)
+        if extra:
+            level = _worst([Problem(banner[0], ""), *(Problem(lv, "") for lv, _ in extra)])
+            banner = (level if level != "ok" else banner[0], "; ".join([banner[1], *(text for _, text in extra)]))
     body = (
         f'<main><div class="banner {banner[0]}">{_e(banner[1])}</div>'
-        f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems)}"
-        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now))
-        + _section("Health checks", states, checks_note, _checks_table)
+        f"<h2>GPUs</h2>{_gpu_rows(snapshot, problems, _pods(attribution))}"
+        + _section("Active faults", active, faults_note, lambda rows: _faults_table(rows, now, hook, runbooks))
+        + _section("Health checks", states, checks_note, lambda rows: _checks_table(rows, active or ()))
         + _section("Partitions", records, partitions_note, _partitions_table)
+        + runbooks_section(_linked(active or (), runbooks))
         + "</main>"
     )
     return _page(title, header + body)
+
+
+def _linked(active: Sequence[Fault], runbooks: Sequence[AlertRunbook]) -> list[AlertRunbook]:
+    found = (runbook_for(f.code, f.action.label, runbooks) for f in active)
+    return sorted({a.alert: a for a in found if a is not None}.values(), key=lambda a: a.alert)
+
+
+def _hook_problems(active: Sequence[Fault], hook: HookView) -> list[tuple[str, str]]:
+    try:
+        return hook_problems(active, hook)
+    except Exception:
+        log.exception("status page: a source failed", section="hook")
+        return [("warn", "the hook's delivery state could not be read")]
+
+
+def _pods(source: Callable[[], Attribution | None] | None) -> dict[int, list[str]]:
+    if source is None:
+        return {}
+    try:
+        return pods_by_gpu(source())
+    except Exception:
+        log.exception("status page: a source failed", section="pods")
+        return {}
 
 
 def _gpus(indexes: Sequence[int]) -> str:

@@ -184,6 +184,25 @@ class OutboxItem:
 
 
 @dataclass(frozen=True, slots=True)
+class HookDelivery:
+    """Where a fault's latest queued record stands with one hook target (the newest outbox row of the pair)."""
+
+    target: str
+    fault_id: str
+    seq: int
+    delivered_at: float | None  # None: not acknowledged yet
+    attempts: int  # failed attempts so far
+    last_error: str = ""  # the last failure, e.g. "UNAVAILABLE: hook command failed: exit 127"
+
+    @property
+    def state(self) -> str:
+        """delivered, failing (attempted and refused or unreachable) or pending (queued, not tried yet)."""
+        if self.delivered_at is not None:
+            return "delivered"
+        return "failing" if self.attempts else "pending"
+
+
+@dataclass(frozen=True, slots=True)
 class FaultFilter:
     gpu: str = ""  # index or uuid; "" all
     check: str = ""

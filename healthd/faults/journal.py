@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from healthd.faults.fault import Fault, FaultFilter, FaultRecord, OutboxItem, RecordKind
+from healthd.faults.fault import Fault, FaultFilter, FaultRecord, HookDelivery, OutboxItem, RecordKind
 from healthd.state_files import CorruptStateError, UnreadableContent, open_state_db, salvage_rows
 
 JOURNAL_WHAT = "fault journal"
@@ -270,6 +270,18 @@ class Journal:
                 " WHERE target = ? AND seq = ?",
                 (next_attempt_at, error[:1000], target, seq),
             )
+
+    def outbox_deliveries(self) -> tuple[HookDelivery, ...]:
+        """The newest outbox row of every (target, fault) still kept (delivered rows leave with retention)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT target, fault_id, MAX(seq), delivered_at, attempts, last_error FROM outbox"
+                " GROUP BY target, fault_id ORDER BY target, fault_id"
+            ).fetchall()
+        return tuple(
+            HookDelivery(target, fault, int(seq), None if at is None else float(at), int(tries), error)
+            for target, fault, seq, at, tries, error in rows
+        )
 
     def outbox_depth(self) -> dict[str, int]:
         with self._lock:

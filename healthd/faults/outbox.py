@@ -27,6 +27,7 @@ import structlog
 
 from exporter.settings import ConfigError
 from healthd.faults.convert import fault_report_pb
+from healthd.faults.fault import HookDelivery
 from healthd.faults.journal import Journal
 from healthd.faults.notify import CommitSignal
 from healthd.faults.settings import HookSettings, load_hook_tls
@@ -74,6 +75,8 @@ class HookDispatcher:
         self.failures: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
         self.delivered: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
         self.depth: dict[str, int] = dict.fromkeys(settings.endpoints, 0)
+        # each fault's delivery state per target, as of the last step of any target's loop (read without I/O)
+        self.deliveries: tuple[HookDelivery, ...] = ()
 
     async def _journal_call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(fn, *args, **kwargs))
@@ -147,6 +150,7 @@ class HookDispatcher:
         item = await self._journal_call(self._journal.outbox_head, target)
         depth = await self._journal_call(self._journal.outbox_depth)
         self.depth[target] = depth.get(target, 0)
+        self.deliveries = await self._journal_call(self._journal.outbox_deliveries)
         if item is None:
             try:
                 async with asyncio.timeout(IDLE_RECHECK_SECONDS):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +138,9 @@ class DriverProbe:
         node += self._dstate(now)
         self._node_result(report, node, snapshot)
         driver = snapshot.system.driver_version if snapshot.system else None
+        stuck = {call.lane: (call.call, snapshot.taken_at - call.seconds) for call in snapshot.stuck_calls}
         for g in snapshot.gpus:
-            self._gpu(report, g, now, driver)
+            self._gpu(report, g, now, driver, stuck.get(str(g.index)))
         return report.build()
 
     def _node_result(self, report: ReportBuilder, node: list[Finding], snapshot: Snapshot) -> None:
@@ -206,21 +208,23 @@ class DriverProbe:
                     "driver_process_stuck",
                     Severity.CRITICAL,
                     Action.REBOOT_NODE,
-                    f"process {p.comm} (pid {p.pid}) has been in uninterruptible sleep in the NVIDIA driver for "
-                    f"{held:.0f}s",
+                    f"process {p.comm} (pid {p.pid}) has been in uninterruptible sleep in the NVIDIA driver since "
+                    f"{utc_text(self._dstate_since[key])} at the latest",
                     None,
                     evidence(pid=p.pid, comm=p.comm, where=p.where, seconds=round(held)),
                 )
             )
         return out
 
-    def _gpu(self, report: ReportBuilder, g: GpuSnapshot, now: float, driver: str | None) -> None:
+    def _gpu(
+        self, report: ReportBuilder, g: GpuSnapshot, now: float, driver: str | None, stuck: tuple[str, float] | None
+    ) -> None:
         ref = gpu_ref(g)
         key = g.uuid or str(g.index)
         if g.error_code != "timeout":
             self._stuck_since.pop(key, None)
         if not g.fresh:
-            finding = self._gpu_error(ref, key, g, now)
+            finding = self._gpu_error(ref, key, g, now, stuck)
             if finding is None:
                 report.stale(g)
             else:
@@ -253,7 +257,9 @@ class DriverProbe:
         message = f"the driver asks for recovery action {decoded.text} (raw {raw})"
         return [Finding(CHECK, f"recovery_action_{decoded.label}", severity, action, message, ref, ev)]
 
-    def _gpu_error(self, ref: GpuRef, key: str, g: GpuSnapshot, now: float) -> Finding | None:
+    def _gpu_error(
+        self, ref: GpuRef, key: str, g: GpuSnapshot, now: float, stuck: tuple[str, float] | None
+    ) -> Finding | None:
         error = g.error or ""
         if g.error_code == "gpu_lost":
             # NVML_ERROR_GPU_IS_LOST: the same card state as XID 79 (NVIDIA: RESTART_BM; GPUd: REBOOT_SYSTEM).
@@ -278,7 +284,8 @@ class DriverProbe:
                 evidence(error=error),
             )
         if g.error_code == "timeout":
-            since = self._stuck_since.setdefault(key, now)
+            # the start is taken once, so the message (which names it) stays the same while the fault is open
+            since = self._stuck_since.setdefault(key, min(now, stuck[1]) if stuck else now)
             held = now - since
             hung = held >= self.settings.hang_after_seconds
             return Finding(
@@ -286,11 +293,27 @@ class DriverProbe:
                 "driver_call_timeout",
                 Severity.CRITICAL if hung else Severity.WARNING,
                 Action.REBOOT_NODE if hung else Action.NONE,
-                f"driver calls for this GPU are past their deadline ({held:.0f}s stuck): {error}",
+                hang_message(stuck[0] if stuck else None, since),
                 ref,
                 evidence(error=error, stuck_seconds=round(held)),
             )
         return None
+
+
+def utc_text(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(unix))
+
+
+def hang_message(call: str | None, since: float) -> str:
+    """What a hung card's fault says. It names the moment the call went into the driver, not a duration: the
+    fault's message is kept while the fault is open and shown long after, and a count of seconds would be wrong by
+    then. ``call``: the call still in the driver (None: it returned, late, and calls keep missing their deadline)."""
+    if call is None:
+        return f"driver calls for this GPU have been missing their deadline since {utc_text(since)}"
+    return (
+        f"driver call {call} has not returned since {utc_text(since)}; "
+        "every other call to this GPU fails at once until it does"
+    )
 
 
 def build(settings: Settings, host: ProbeHost) -> DriverProbe:

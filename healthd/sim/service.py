@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import grpc
 
 from exporter.backends.protocol import FaultInjector, UnknownGpuError
+from exporter.backends.simulated.fault_docs import FAULT_DOCS
 from healthd.api.v1 import simulation_pb2 as pb
 from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
 from healthd.rpc.errors import failed_precondition, from_invalid_field, invalid_argument, not_found
@@ -73,6 +74,28 @@ def check_params(accepted: frozenset[str], kind: str, params: Mapping[str, str])
     return out
 
 
+def fault_kind_pb(kind: str, params: frozenset[str]) -> pb.FaultKind:
+    """A kind with what it does and each parameter's meaning, allowed values and default (a kind this build has no
+    text for still lists its parameter names)."""
+    doc = FAULT_DOCS.get(kind)
+    parameters = []
+    for name in sorted(params):
+        p = doc.params.get(name) if doc else None
+        if p is None:
+            parameters.append(pb.FaultParameter(name=name))
+            continue
+        parameters.append(
+            pb.FaultParameter(
+                name=name,
+                meaning=p.meaning,
+                allowed=p.allowed,
+                default_value=p.default or "",
+                required=p.default is None,
+            )
+        )
+    return pb.FaultKind(kind=kind, params=sorted(params), summary=doc.summary if doc else "", parameters=parameters)
+
+
 class SimulationService(pb_grpc.SimulationServicer):
     def __init__(self, injector: FaultInjector | None) -> None:
         self._injector = injector
@@ -125,6 +148,4 @@ class SimulationService(pb_grpc.SimulationServicer):
         context: grpc.aio.ServicerContext[pb.ListFaultKindsRequest, pb.ListFaultKindsResponse],
     ) -> pb.ListFaultKindsResponse:
         kinds = self._require_injector().kinds
-        return pb.ListFaultKindsResponse(
-            kinds=[pb.FaultKind(kind=k, params=sorted(v)) for k, v in sorted(kinds.items())]
-        )
+        return pb.ListFaultKindsResponse(kinds=[fault_kind_pb(k, v) for k, v in sorted(kinds.items())])

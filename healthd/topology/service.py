@@ -59,6 +59,7 @@ def topology_to_pb(t: Topology) -> pb.GetTopologyResponse:
                 location=_location_pb(g.location),
                 nvlink_peers=list(g.nvlink_peers or ()),
                 nvlink_known=g.nvlink_peers is not None,
+                serial=g.serial,
             )
             for g in t.gpus
         ],
@@ -105,6 +106,7 @@ def topology_from_pb(msg: pb.GetTopologyResponse) -> Topology:
             name=g.name,
             location=_location_from_pb(g.location),
             nvlink_peers=tuple(g.nvlink_peers) if g.nvlink_known else None,
+            serial=g.serial,
         )
         for g in msg.gpus
     )

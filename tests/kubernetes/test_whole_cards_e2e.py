@@ -65,7 +65,7 @@ def test_whole_cards_against_a_kubelet_double(tmp_path: Path) -> None:
         assert sorted(kubelet.healthy(GPU)) == sorted(u for u in uuids if u != gpu2)
         assert gpu2 not in kubelet.preferred(GPU, uuids, 7)  # the daemon leaves it out too
         listed = daemon.xpuctl("faults", "list", "--state", "active", "--gpu", "2")
-        fault_id = listed.stdout.split()[0]
+        fault_id = listed.stdout.splitlines()[-1].split()[0]  # below the header
         assert fault_id.startswith("flt-"), listed.stdout
         denied = daemon.xpuctl("faults", "resolve", fault_id, "--reason", "x", "--admin-socket", daemon.address)
         assert denied.returncode != 0 and "PERMISSION_DENIED" in denied.stderr

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fhealthd/api/v1/simulation.proto\x12\x0expu.runtime.v1\"\x9e\x01\n\x12InjectFaultRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12>\n\x06params\x18\x03 \x03(\x0b\x32..xpu.runtime.v1.InjectFaultRequest.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"*\n\x13InjectFaultResponse\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\".\n\x12\x43learFaultsRequest\x12\x10\n\x03gpu\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_gpu\"*\n\x13\x43learFaultsResponse\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\"\x17\n\x15ListFaultKindsRequest\")\n\tFaultKind\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06params\x18\x02 \x03(\t\"B\n\x16ListFaultKindsResponse\x12(\n\x05kinds\x18\x01 \x03(\x0b\x32\x19.xpu.runtime.v1.FaultKind2\x9d\x02\n\nSimulation\x12V\n\x0bInjectFault\x12\".xpu.runtime.v1.InjectFaultRequest\x1a#.xpu.runtime.v1.InjectFaultResponse\x12V\n\x0b\x43learFaults\x12\".xpu.runtime.v1.ClearFaultsRequest\x1a#.xpu.runtime.v1.ClearFaultsResponse\x12_\n\x0eListFaultKinds\x12%.xpu.runtime.v1.ListFaultKindsRequest\x1a&.xpu.runtime.v1.ListFaultKindsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fhealthd/api/v1/simulation.proto\x12\x0expu.runtime.v1\"\x9e\x01\n\x12InjectFaultRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\r\x12>\n\x06params\x18\x03 \x03(\x0b\x32..xpu.runtime.v1.InjectFaultRequest.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"*\n\x13InjectFaultResponse\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\".\n\x12\x43learFaultsRequest\x12\x10\n\x03gpu\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_gpu\"*\n\x13\x43learFaultsResponse\x12\x13\n\x0b\x64\x65scription\x18\x01 \x01(\t\"\x17\n\x15ListFaultKindsRequest\"i\n\x0e\x46\x61ultParameter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07meaning\x18\x02 \x01(\t\x12\x0f\n\x07\x61llowed\x18\x03 \x01(\t\x12\x15\n\rdefault_value\x18\x04 \x01(\t\x12\x10\n\x08required\x18\x05 \x01(\x08\"n\n\tFaultKind\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06params\x18\x02 \x03(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x32\n\nparameters\x18\x04 \x03(\x0b\x32\x1e.xpu.runtime.v1.FaultParameter\"B\n\x16ListFaultKindsResponse\x12(\n\x05kinds\x18\x01 \x03(\x0b\x32\x19.xpu.runtime.v1.FaultKind2\x9d\x02\n\nSimulation\x12V\n\x0bInjectFault\x12\".xpu.runtime.v1.InjectFaultRequest\x1a#.xpu.runtime.v1.InjectFaultResponse\x12V\n\x0b\x43learFaults\x12\".xpu.runtime.v1.ClearFaultsRequest\x1a#.xpu.runtime.v1.ClearFaultsResponse\x12_\n\x0eListFaultKinds\x12%.xpu.runtime.v1.ListFaultKindsRequest\x1a&.xpu.runtime.v1.ListFaultKindsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,10 +45,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEARFAULTSRESPONSE']._serialized_end=346
   _globals['_LISTFAULTKINDSREQUEST']._serialized_start=348
   _globals['_LISTFAULTKINDSREQUEST']._serialized_end=371
-  _globals['_FAULTKIND']._serialized_start=373
-  _globals['_FAULTKIND']._serialized_end=414
-  _globals['_LISTFAULTKINDSRESPONSE']._serialized_start=416
-  _globals['_LISTFAULTKINDSRESPONSE']._serialized_end=482
-  _globals['_SIMULATION']._serialized_start=485
-  _globals['_SIMULATION']._serialized_end=770
+  _globals['_FAULTPARAMETER']._serialized_start=373
+  _globals['_FAULTPARAMETER']._serialized_end=478
+  _globals['_FAULTKIND']._serialized_start=480
+  _globals['_FAULTKIND']._serialized_end=590
+  _globals['_LISTFAULTKINDSRESPONSE']._serialized_start=592
+  _globals['_LISTFAULTKINDSRESPONSE']._serialized_end=658
+  _globals['_SIMULATION']._serialized_start=661
+  _globals['_SIMULATION']._serialized_end=946
 # @@protoc_insertion_point(module_scope)

@@ -45,13 +45,31 @@ class ListFaultKindsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class FaultParameter(_message.Message):
+    __slots__ = ("name", "meaning", "allowed", "default_value", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEANING_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    meaning: str
+    allowed: str
+    default_value: str
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., meaning: _Optional[str] = ..., allowed: _Optional[str] = ..., default_value: _Optional[str] = ..., required: _Optional[bool] = ...) -> None: ...
+
 class FaultKind(_message.Message):
-    __slots__ = ("kind", "params")
+    __slots__ = ("kind", "params", "summary", "parameters")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     params: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Iterable[str]] = ...) -> None: ...
+    summary: str
+    parameters: _containers.RepeatedCompositeFieldContainer[FaultParameter]
+    def __init__(self, kind: _Optional[str] = ..., params: _Optional[_Iterable[str]] = ..., summary: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[FaultParameter, _Mapping]]] = ...) -> None: ...
 
 class ListFaultKindsResponse(_message.Message):
     __slots__ = ("kinds",)

@@ -24,33 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhealthd/api/v1/topology.proto\x12\x0expu.runtime.v1\"\x14\n\x12GetTopologyRequest\"\xb9\x01\n\x0cPcieLocation\x12\x12\n\npci_bus_id\x18\x01 \x01(\t\x12\x13\n\x0bhost_bridge\x18\x02 \x01(\t\x12\x0f\n\x07\x62ridges\x18\x03 \x03(\t\x12\x13\n\x0bpcie_switch\x18\x04 \x01(\t\x12\x16\n\tnuma_node\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06socket\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0c\x63pu_affinity\x18\x07 \x01(\tB\x0c\n\n_numa_nodeB\t\n\x07_socket\"\x94\x01\n\x0bTopologyGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12.\n\x08location\x18\x04 \x01(\x0b\x32\x1c.xpu.runtime.v1.PcieLocation\x12\x14\n\x0cnvlink_peers\x18\x05 \x03(\t\x12\x14\n\x0cnvlink_known\x18\x06 \x01(\x08\"\x8e\x01\n\x0bTopologyNic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07netdevs\x18\x02 \x03(\t\x12.\n\x08location\x18\x03 \x01(\x0b\x32\x1c.xpu.runtime.v1.PcieLocation\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nlink_layer\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\"~\n\x0cTopologyLink\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.xpu.runtime.v1.LinkKind\x12\x0f\n\x07nvlinks\x18\x04 \x01(\r\x12\r\n\x05label\x18\x05 \x01(\t\x12\x10\n\x08\x64istance\x18\x06 \x01(\r\"\xaa\x02\n\x13GetTopologyResponse\x12)\n\x04gpus\x18\x01 \x03(\x0b\x32\x1b.xpu.runtime.v1.TopologyGpu\x12)\n\x04nics\x18\x02 \x03(\x0b\x32\x1b.xpu.runtime.v1.TopologyNic\x12/\n\tgpu_links\x18\x03 \x03(\x0b\x32\x1c.xpu.runtime.v1.TopologyLink\x12/\n\tnic_links\x18\x04 \x03(\x0b\x32\x1c.xpu.runtime.v1.TopologyLink\x12\x12\n\nnuma_nodes\x18\x05 \x03(\x05\x12\x0f\n\x07sockets\x18\x06 \x03(\x05\x12\x14\n\x0c\x63ollected_at\x18\x07 \x01(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x10\n\x08warnings\x18\t \x03(\t\"q\n\x1aPreferredAllocationRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x11\n\tavailable\x18\x02 \x03(\t\x12\x14\n\x0cmust_include\x18\x03 \x03(\t\x12\x1b\n\x13include_faulty_gpus\x18\x04 \x01(\x08\"T\n\tNicChoice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07netdevs\x18\x02 \x03(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\x12\x0c\n\x04link\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\t\"\xbc\x01\n\x1bPreferredAllocationResponse\x12\x0c\n\x04gpus\x18\x01 \x03(\r\x12\r\n\x05uuids\x18\x02 \x03(\t\x12\'\n\x04nics\x18\x03 \x03(\x0b\x32\x19.xpu.runtime.v1.NicChoice\x12\x12\n\nworst_link\x18\x04 \x01(\t\x12\x16\n\x0etotal_distance\x18\x05 \x01(\r\x12\r\n\x05\x65xact\x18\x06 \x01(\x08\x12\x1c\n\x14\x65xcluded_faulty_gpus\x18\x07 \x03(\r*\xc2\x01\n\x08LinkKind\x12\x19\n\x15LINK_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLINK_KIND_SELF\x10\x01\x12\x14\n\x10LINK_KIND_NVLINK\x10\x02\x12\x11\n\rLINK_KIND_PIX\x10\x03\x12\x11\n\rLINK_KIND_PXB\x10\x04\x12\x11\n\rLINK_KIND_PHB\x10\x05\x12\x12\n\x0eLINK_KIND_NODE\x10\x06\x12\x11\n\rLINK_KIND_SKT\x10\x07\x12\x11\n\rLINK_KIND_SYS\x10\x08\x32\xca\x01\n\x08Topology\x12N\n\x03Get\x12\".xpu.runtime.v1.GetTopologyRequest\x1a#.xpu.runtime.v1.GetTopologyResponse\x12n\n\x13PreferredAllocation\x12*.xpu.runtime.v1.PreferredAllocationRequest\x1a+.xpu.runtime.v1.PreferredAllocationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhealthd/api/v1/topology.proto\x12\x0expu.runtime.v1\"\x14\n\x12GetTopologyRequest\"\xb9\x01\n\x0cPcieLocation\x12\x12\n\npci_bus_id\x18\x01 \x01(\t\x12\x13\n\x0bhost_bridge\x18\x02 \x01(\t\x12\x0f\n\x07\x62ridges\x18\x03 \x03(\t\x12\x13\n\x0bpcie_switch\x18\x04 \x01(\t\x12\x16\n\tnuma_node\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06socket\x18\x06 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0c\x63pu_affinity\x18\x07 \x01(\tB\x0c\n\n_numa_nodeB\t\n\x07_socket\"\xa4\x01\n\x0bTopologyGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12.\n\x08location\x18\x04 \x01(\x0b\x32\x1c.xpu.runtime.v1.PcieLocation\x12\x14\n\x0cnvlink_peers\x18\x05 \x03(\t\x12\x14\n\x0cnvlink_known\x18\x06 \x01(\x08\x12\x0e\n\x06serial\x18\x07 \x01(\t\"\x8e\x01\n\x0bTopologyNic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07netdevs\x18\x02 \x03(\t\x12.\n\x08location\x18\x03 \x01(\x0b\x32\x1c.xpu.runtime.v1.PcieLocation\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nlink_layer\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\"~\n\x0cTopologyLink\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.xpu.runtime.v1.LinkKind\x12\x0f\n\x07nvlinks\x18\x04 \x01(\r\x12\r\n\x05label\x18\x05 \x01(\t\x12\x10\n\x08\x64istance\x18\x06 \x01(\r\"\xaa\x02\n\x13GetTopologyResponse\x12)\n\x04gpus\x18\x01 \x03(\x0b\x32\x1b.xpu.runtime.v1.TopologyGpu\x12)\n\x04nics\x18\x02 \x03(\x0b\x32\x1b.xpu.runtime.v1.TopologyNic\x12/\n\tgpu_links\x18\x03 \x03(\x0b\x32\x1c.xpu.runtime.v1.TopologyLink\x12/\n\tnic_links\x18\x04 \x03(\x0b\x32\x1c.xpu.runtime.v1.TopologyLink\x12\x12\n\nnuma_nodes\x18\x05 \x03(\x05\x12\x0f\n\x07sockets\x18\x06 \x03(\x05\x12\x14\n\x0c\x63ollected_at\x18\x07 \x01(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x10\n\x08warnings\x18\t \x03(\t\"q\n\x1aPreferredAllocationRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x11\n\tavailable\x18\x02 \x03(\t\x12\x14\n\x0cmust_include\x18\x03 \x03(\t\x12\x1b\n\x13include_faulty_gpus\x18\x04 \x01(\x08\"T\n\tNicChoice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07netdevs\x18\x02 \x03(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\x12\x0c\n\x04link\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\t\"\xbc\x01\n\x1bPreferredAllocationResponse\x12\x0c\n\x04gpus\x18\x01 \x03(\r\x12\r\n\x05uuids\x18\x02 \x03(\t\x12\'\n\x04nics\x18\x03 \x03(\x0b\x32\x19.xpu.runtime.v1.NicChoice\x12\x12\n\nworst_link\x18\x04 \x01(\t\x12\x16\n\x0etotal_distance\x18\x05 \x01(\r\x12\r\n\x05\x65xact\x18\x06 \x01(\x08\x12\x1c\n\x14\x65xcluded_faulty_gpus\x18\x07 \x03(\r*\xc2\x01\n\x08LinkKind\x12\x19\n\x15LINK_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLINK_KIND_SELF\x10\x01\x12\x14\n\x10LINK_KIND_NVLINK\x10\x02\x12\x11\n\rLINK_KIND_PIX\x10\x03\x12\x11\n\rLINK_KIND_PXB\x10\x04\x12\x11\n\rLINK_KIND_PHB\x10\x05\x12\x12\n\x0eLINK_KIND_NODE\x10\x06\x12\x11\n\rLINK_KIND_SKT\x10\x07\x12\x11\n\rLINK_KIND_SYS\x10\x08\x32\xca\x01\n\x08Topology\x12N\n\x03Get\x12\".xpu.runtime.v1.GetTopologyRequest\x1a#.xpu.runtime.v1.GetTopologyResponse\x12n\n\x13PreferredAllocation\x12*.xpu.runtime.v1.PreferredAllocationRequest\x1a+.xpu.runtime.v1.PreferredAllocationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'healthd.api.v1.topology_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LINKKIND']._serialized_start=1377
-  _globals['_LINKKIND']._serialized_end=1571
+  _globals['_LINKKIND']._serialized_start=1393
+  _globals['_LINKKIND']._serialized_end=1587
   _globals['_GETTOPOLOGYREQUEST']._serialized_start=49
   _globals['_GETTOPOLOGYREQUEST']._serialized_end=69
   _globals['_PCIELOCATION']._serialized_start=72
   _globals['_PCIELOCATION']._serialized_end=257
   _globals['_TOPOLOGYGPU']._serialized_start=260
-  _globals['_TOPOLOGYGPU']._serialized_end=408
-  _globals['_TOPOLOGYNIC']._serialized_start=411
-  _globals['_TOPOLOGYNIC']._serialized_end=553
-  _globals['_TOPOLOGYLINK']._serialized_start=555
-  _globals['_TOPOLOGYLINK']._serialized_end=681
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=684
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=982
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=984
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=1097
-  _globals['_NICCHOICE']._serialized_start=1099
-  _globals['_NICCHOICE']._serialized_end=1183
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=1186
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=1374
-  _globals['_TOPOLOGY']._serialized_start=1574
-  _globals['_TOPOLOGY']._serialized_end=1776
+  _globals['_TOPOLOGYGPU']._serialized_end=424
+  _globals['_TOPOLOGYNIC']._serialized_start=427
+  _globals['_TOPOLOGYNIC']._serialized_end=569
+  _globals['_TOPOLOGYLINK']._serialized_start=571
+  _globals['_TOPOLOGYLINK']._serialized_end=697
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=700
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=998
+  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=1000
+  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=1113
+  _globals['_NICCHOICE']._serialized_start=1115
+  _globals['_NICCHOICE']._serialized_end=1199
+  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=1202
+  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=1390
+  _globals['_TOPOLOGY']._serialized_start=1590
+  _globals['_TOPOLOGY']._serialized_end=1792
 # @@protoc_insertion_point(module_scope)

@@ -51,20 +51,22 @@ class PcieLocation(_message.Message):
     def __init__(self, pci_bus_id: _Optional[str] = ..., host_bridge: _Optional[str] = ..., bridges: _Optional[_Iterable[str]] = ..., pcie_switch: _Optional[str] = ..., numa_node: _Optional[int] = ..., socket: _Optional[int] = ..., cpu_affinity: _Optional[str] = ...) -> None: ...
 
 class TopologyGpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "location", "nvlink_peers", "nvlink_known")
+    __slots__ = ("index", "uuid", "name", "location", "nvlink_peers", "nvlink_known", "serial")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     NVLINK_PEERS_FIELD_NUMBER: _ClassVar[int]
     NVLINK_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     location: PcieLocation
     nvlink_peers: _containers.RepeatedScalarFieldContainer[str]
     nvlink_known: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., location: _Optional[_Union[PcieLocation, _Mapping]] = ..., nvlink_peers: _Optional[_Iterable[str]] = ..., nvlink_known: _Optional[bool] = ...) -> None: ...
+    serial: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., location: _Optional[_Union[PcieLocation, _Mapping]] = ..., nvlink_peers: _Optional[_Iterable[str]] = ..., nvlink_known: _Optional[bool] = ..., serial: _Optional[str] = ...) -> None: ...
 
 class TopologyNic(_message.Message):
     __slots__ = ("name", "netdevs", "location", "model", "link_layer", "state")

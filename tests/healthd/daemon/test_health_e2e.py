@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,16 +25,14 @@ def test_injected_faults_reach_the_fault_list_and_metrics(tmp_path: Path) -> Non
             out = d.xpuctl("simulate", "inject", *args)
             assert out.returncode == 0, out.stderr
 
-        def listed() -> str | None:
-            out = d.xpuctl("faults", "list")
-            ok = all(code in out.stdout for code in ("xid_79", "xid_13", "nvlink_down"))
-            return out.stdout if ok else None
+        def listed() -> dict[str, dict[str, Any]] | None:
+            out = d.xpuctl("faults", "list", "--json")
+            by_code = {f["code"]: f for f in json.loads(out.stdout)["faults"]} if out.returncode == 0 else {}
+            return by_code if {"xid_79", "xid_13", "nvlink_down"} <= set(by_code) else None
 
         faults = wait_until(listed, "the three faults listed", 20, step=0.1)
-        line79 = next(line for line in faults.splitlines() if "xid_79" in line)
-        line13 = next(line for line in faults.splitlines() if "xid_13" in line)
-        assert "gpu=3" in line79 and "fatal" in line79
-        assert "action=restart_app" in line13, "an application XID never asks for more than an app restart"
+        assert faults["xid_79"]["gpu"]["index"] == 3 and faults["xid_79"]["severity"] == "fatal"
+        assert faults["xid_13"]["action"] == "restart_app", "an application XID never asks for more than an app restart"
         text = d.metrics()
         assert value(text, "xpu_xid_errors_total", gpu="3", xid="79") == 1
         assert value(text, "xpu_faults_active", code="nvlink_down") == 1

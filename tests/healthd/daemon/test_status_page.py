@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.attribution.attributor import Allocation, Attribution
 from exporter.backends.simulated import SimulatedBackend
 from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
@@ -26,6 +27,7 @@ from healthd.faults.fault import Fault, new_fault
 from healthd.findings import Action, CheckResult, CheckStatus, Finding, GpuRef, Severity
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
 from healthd.probes.memory_leak import MemoryLeakProbe
+from tests.support import png
 from tests.support.clock import FakeClock
 from tests.support.daemon_process import DaemonProcess
 from tests.support.faults_helpers import make_engine
@@ -318,8 +320,38 @@ def test_everything_from_the_daemon_is_escaped(sim: SimulatedBackend, clock: Fak
     assert page.gpu(2)[1] == [("bad", f"{evil}: {evil}", ""), ("bad", f"fault {evil}", f"fatal: {evil}")]
 
 
+def test_each_card_shows_its_bus_id_serial_and_pods(sim: SimulatedBackend, clock: FakeClock) -> None:
+    """On the simulated node the eight UUIDs share their first 30 characters: the bus id and serial tell them apart,
+    and the pods say whom a bad card's trouble reaches."""
+    snapshot = sample(sim, clock)
+    allocation = Allocation("ml", "trainer-0", "main", "xpu-runtime-kit.io/gpu", "GPU-x", 3, "GPU-x", "")
+    attribution = Attribution(0, (), (allocation,), None, 0)
+    page = Page(render_status_page(snapshot, attribution=lambda: attribution))
+    rows = [cells for table, _, cells in page.rows if table == 1][1:]
+    assert len(rows) == 8
+    for gpu, cells in zip(snapshot.gpus, rows, strict=True):
+        assert gpu.info is not None
+        assert gpu.info.pci_bus_id in cells[1] and f"S/N {gpu.info.serial}" in cells[1]
+        assert cells[-1] == ("ml/trainer-0" if gpu.index == 3 else "\u2013")
+    assert len({cells[1] for cells in rows}) == 8
+
+
+def test_the_check_table_has_an_xid_row(sim: SimulatedBackend, clock: FakeClock) -> None:
+    """A card with an active XID 79 does not read ok on every row of the check table."""
+    checks = [check("ecc", i, CheckStatus.OK) for i in range(8)]
+    xid = fault("xid_79", 2, Severity.FATAL, Action.REPLACE_NODE, "GPU has fallen off the bus", clock.now, "xid")
+    page = Page(render_status_page(sample(sim, clock), clock.now, checks=lambda: checks, faults=lambda: [xid]))
+    table = max(t for t, _, _ in page.rows)  # the check table comes last here (no partitions)
+    row = next(cells for t, _, cells in page.rows if t == table and cells[0] == "xid")
+    assert row[1:] == ["ok", "ok", "failed", "ok", "ok", "ok", "ok", "ok"]
+
+
 def test_no_sample_yet() -> None:
     assert "No sample yet." in Page(render_status_page(None, 0.0)).words
+
+
+PILL_BAD = (0xFB, 0xE0, 0xE0)  # .bad in status_page.CSS
+ROW_BAD = (0xFF, 0xF5, 0xF5)  # tr.bad-row td
 
 
 def _png_size_and_colours(data: bytes) -> tuple[int, int, int]:
@@ -378,6 +410,14 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert "nvlink_down" in words
         run = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, timeout=60, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
+        narrow_shot = tmp_path / "status-900.png"
+        narrow = [*base[:-1], "--window-size=900,900", f"--screenshot={narrow_shot}", url]
+        run = subprocess.run(narrow, capture_output=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+    narrow_image = png.decode(narrow_shot.read_bytes())
+    assert (narrow_image.width, narrow_image.height) == (900, 900)
+    # at 900 px the state of GPU 3 is in view: its pills' fill (.bad) inside its tinted row (tr.bad-row)
+    assert png.rows_with_both(narrow_image, PILL_BAD, ROW_BAD) >= 10
     data = shot.read_bytes()
     width, height, colours = _png_size_and_colours(data)
     assert (width, height) == (1280, 900)

@@ -24,7 +24,7 @@ def test_create_list_exec_delete(daemon: Daemon, capsys: pytest.CaptureFixture[s
     assert "mode tdm" in capsys.readouterr().out
     assert main(xpuctl(daemon, "create", "--gpu", "5", "--compute", "25", "--memory", "2GiB", "--json")) == 0
     out = capsys.readouterr().out
-    created = json.loads(out[out.index("[\n") :])[0]  # the server's log lines share this process's stdout
+    created = json.JSONDecoder().raw_decode(out[out.index("{\n") :])[0]  # the server's log lines share stdout
     assert created["computePercent"] == 25
     assert main(xpuctl(daemon, "capacity", "--gpu", "5")) == 0
     assert "25%" in capsys.readouterr().out
@@ -87,7 +87,7 @@ def test_create_with_a_client_uid_on_a_shared_card(daemon: Daemon, capsys: pytes
     capsys.readouterr()
     assert main(xpuctl(daemon, "create", "--gpu", "4", "--compute", "10", "--uid", "1000", "--json")) == 0
     out = capsys.readouterr().out
-    created = json.loads(out[out.index("[\n") :])[0]
+    created = json.JSONDecoder().raw_decode(out[out.index("{\n") :])[0]
     assert created["clientUid"] == 1000
     assert main(xpuctl(daemon, "get", created["id"])) == 0
     assert "  client uid 1000" in capsys.readouterr().out

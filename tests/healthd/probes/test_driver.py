@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from exporter.sampler import Sampler, SamplerSettings
 from healthd.findings import Action, Severity
 from healthd.probes.driver import DriverProbe, Settings, read_module_version, scan_dstate
 from tests.support.clock import FakeClock
-from tests.support.probe_node import Node, codes, only, status
+from tests.support.probe_node import INTERVAL, Node, codes, only, status
 
 OPEN_MODULE = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
@@ -114,6 +116,23 @@ def test_hung_driver_call_warns_then_escalates(node_hang: Node) -> None:
     node_hang.backend.clear(2)
     node_hang.tick()
     assert codes(probe.evaluate(node_hang.tick(), node_hang.clock())) == set()
+
+
+def test_a_hang_message_names_when_the_call_went_in_and_stays_true(node_hang: Node) -> None:
+    """The fault keeps its message while it is open and is shown long after: a count of seconds frozen at one
+    report would contradict the cells next to it, a start time does not."""
+    probe = DriverProbe(Settings(hang_after_seconds=60))
+    node_hang.tick()
+    went_in = node_hang.clock()
+    node_hang.inject("hang", 2, call="sample")
+    first = only(probe.evaluate(node_hang.tick(), node_hang.clock()), "driver_call_timeout")
+    later = only(probe.evaluate(node_hang.tick(60), node_hang.clock()), "driver_call_timeout")
+    assert first.message == later.message
+    assert first.message.startswith("driver call sample has not returned since ")
+    stamp = first.message.removeprefix("driver call sample has not returned since ").split(";")[0]
+    since = calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%SZ"))
+    assert went_in - 1 <= since <= went_in + INTERVAL + 1, (stamp, went_in)
+    assert "stuck for" not in first.message
 
 
 def test_recovery_action_field(h200x8: Node) -> None:

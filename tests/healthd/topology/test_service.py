@@ -186,7 +186,7 @@ def test_xpuctl_topology_preferred(hgx_server: Server, capsys: pytest.CaptureFix
     assert cli.main(["--socket", hgx_server.address, "topology", "--preferred", "2", "--must-include", "3"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["GPUs:", "2,3"]
-    assert "mlx5_2" in out.splitlines()[4]
+    assert out.splitlines()[5].split()[0] == "mlx5_2"  # the first NIC, below the table's header
     assert cli.main(["--socket", hgx_server.address, "topology", "--preferred", "9"]) == cli.EXIT_RPC
     assert "RESOURCE_EXHAUSTED" in capsys.readouterr().err
 

@@ -31,9 +31,11 @@ def _append(path: Path, *records: KmsgRecord) -> None:
 
 
 def _fault_lines(d: DaemonProcess) -> list[str]:
-    out = d.xpuctl("faults", "list")
+    """Each XID fault as "CODE gpu=INDEX"."""
+    out = d.xpuctl("faults", "list", "--json")
     assert out.returncode == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if "xid_" in line]
+    faults = json.loads(out.stdout)["faults"]
+    return [f"{f['code']} gpu={f['gpu']['index']}" for f in faults if f["code"].startswith("xid_")]
 
 
 def test_spoofed_xid_lines_reach_no_fault_and_no_hook(tmp_path: Path) -> None:
