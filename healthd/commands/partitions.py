@@ -83,7 +83,9 @@ def _print_partitions(partitions: Sequence[partitions_pb2.Partition]) -> None:
         mode = enum_label(pb.PartitionMode.DESCRIPTOR, p.mode)
         rows.append((p.id, p.gpu, mode, compute, memory, profile, p.state, _describe_owner(p.owner), expires, device))
     print_table(
-        ("ID", "GPU", "MODE", "COMPUTE", "MEMORY", "PROFILE", "STATE", "OWNER", "EXPIRES", "DEVICE"), rows, right=(1, 3, 4)
+        ("ID", "GPU", "MODE", "COMPUTE", "MEMORY", "PROFILE", "STATE", "OWNER", "EXPIRES", "DEVICE"),
+        rows,
+        right=(1, 3, 4),
     )
 
 
