@@ -11,6 +11,7 @@ The pid check needs the host pid namespace (the daemon runs as a host service); 
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,12 @@ class MemoryLeakProbe:
     def __init__(self, settings: Settings | None = None, *, proc_root: Path | None = None) -> None:
         self.settings = settings or Settings()
         self.proc_root = proc_root
+        self._proc = (
+            None if proc_root is None else os.fspath(proc_root)
+        )  # read with os calls: every process, every cycle
         self._orphan_streak: dict[str, int] = {}
         self._gone_streak: dict[tuple[str, int], int] = {}
-        self._growth: dict[tuple[str, int], deque[tuple[float, int]]] = {}
+        self._growth: dict[tuple[str, int], GrowthWindow] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
@@ -78,12 +82,18 @@ class MemoryLeakProbe:
         return report.build()
 
     def _name(self, p: GpuProcess) -> str:
-        if p.name or self.proc_root is None:
+        if p.name or self._proc is None:
             return p.name
         try:
-            return (self.proc_root / str(p.pid) / "comm").read_text().strip()
+            fd = os.open(f"{self._proc}/{p.pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return ""
+        try:
+            return os.read(fd, 256).decode(errors="replace").strip()  # comm is at most 16 bytes
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
 
     def _orphan(self, ref: GpuRef, key: str, g: GpuSnapshot) -> tuple[list[Finding], str]:
         t = self.settings
@@ -122,12 +132,12 @@ class MemoryLeakProbe:
         ], ""
 
     def _gone(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...]) -> list[Finding]:
-        root = self.proc_root
+        root = self._proc
         if root is None:
             return []
         out: list[Finding] = []
         for p in processes:
-            if (root / str(p.pid)).exists():
+            if os.path.exists(f"{root}/{p.pid}"):
                 self._gone_streak.pop((key, p.pid), None)
                 continue
             streak = self._gone_streak[(key, p.pid)] = self._gone_streak.get((key, p.pid), 0) + 1
@@ -151,23 +161,21 @@ class MemoryLeakProbe:
         t = self.settings
         out: list[Finding] = []
         for p in processes:
-            if not isinstance(p.used_memory_bytes, int):
+            used = p.used_memory_bytes
+            if not isinstance(used, int):
                 continue
-            history = self._growth.setdefault((key, p.pid), deque())
-            if history and p.used_memory_bytes < history[-1][1]:
-                history.clear()  # it freed memory: not a steady leak, start over
-            history.append((now, p.used_memory_bytes))
-            while len(history) > 1 and now - history[0][0] > t.growth_window_seconds:
-                history.popleft()
-            first_t, first = history[0]
-            grown = p.used_memory_bytes - first
+            window = self._growth.get((key, p.pid))
+            if window is None:
+                window = self._growth[(key, p.pid)] = GrowthWindow()
+            window.add(now, used, t.growth_window_seconds)
+            first_t, first = window.first
+            grown = used - first
             # steady: never shrank over the window, grew in most steps, spans most of the window
-            steps = sum(1 for a, b in zip(history, list(history)[1:], strict=False) if b[1] > a[1])
             if (
-                len(history) >= t.growth_min_samples
+                len(window) >= t.growth_min_samples
                 and now - first_t >= 0.9 * t.growth_window_seconds
                 and grown >= t.growth_min_mib * MIB
-                and steps >= (len(history) - 1) // 2
+                and window.steps >= (len(window) - 1) // 2
             ):
                 out.append(
                     Finding(
@@ -182,6 +190,40 @@ class MemoryLeakProbe:
                     )
                 )
         return out
+
+
+class GrowthWindow:
+    """One process's memory readings over the growth window, with the number of steps up kept as a running count:
+    adding a reading costs O(1) (amortised), not a scan of the window. The readings never go down (a drop starts
+    the window over), so a step up is any reading above the one before it."""
+
+    __slots__ = ("_points", "steps")
+
+    def __init__(self) -> None:
+        self._points: deque[tuple[float, int]] = deque()
+        self.steps = 0  # readings above the one before them, within the window
+
+    def add(self, now: float, used: int, window_seconds: float) -> None:
+        points = self._points
+        if points:
+            last = points[-1][1]
+            if used < last:
+                points.clear()  # it freed memory: not a steady leak, start over
+                self.steps = 0
+            elif used > last:
+                self.steps += 1
+        points.append((now, used))
+        while len(points) > 1 and now - points[0][0] > window_seconds:
+            _, dropped = points.popleft()
+            if points[0][1] > dropped:
+                self.steps -= 1
+
+    @property
+    def first(self) -> tuple[float, int]:
+        return self._points[0]
+
+    def __len__(self) -> int:
+        return len(self._points)
 
 
 def build(settings: Settings, host: ProbeHost) -> MemoryLeakProbe:
