@@ -19,7 +19,6 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.component import ComponentBase
 from healthd.daemon.config import Config
-from healthd.daemon.status_page import render_status_page
 from healthd.node import Node
 from healthd.partition.component import PartitionsComponent
 from healthd.rpc.transport import load_metrics_web_config
@@ -68,6 +67,8 @@ def status_page(node: Node) -> Callable[[], str]:
     partitions = node.built(PartitionsComponent)
 
     def render() -> str:
+        from healthd.daemon.status_page import render_status_page  # on the first visit, not at start-up
+
         return render_status_page(
             node.sampler.latest(),
             checks=node.check_states,
