@@ -104,6 +104,32 @@ def test_running_counts_give_the_findings_of_the_rescanning_formula(
         assert got == reference.evaluate(processes, now)
 
 
+# a step of memory: mostly flat, sometimes up, rarely down (a drop starts the window over, so drops must be rare
+# for readings to leave a window by the hundred and the arrays to be cut)
+STEP = st.integers(0, 60).map(lambda n: 0 if n < 45 else 1 if n < 58 else 3 if n < 60 else -1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0.0, 1.0, 5.0, 5.0, 60.0]), STEP), min_size=150, max_size=400),
+    st.integers(10, 300),
+)
+def test_the_window_holds_what_the_rescanned_deque_held(moves: list[tuple[float, int]], window: int) -> None:
+    """After every reading: as many readings, the same oldest one and as many steps up as the deque kept."""
+    compact, history = GrowthWindow(), deque[tuple[float, int]]()
+    now, used = 0.0, 100
+    for dt, step in moves:
+        now, used = now + dt, max(0, used + step)
+        compact.add(now, used, float(window))
+        if history and used < history[-1][1]:
+            history.clear()
+        history.append((now, used))
+        while len(history) > 1 and now - history[0][0] > window:
+            history.popleft()
+        steps = sum(1 for a, b in zip(history, list(history)[1:], strict=False) if b[1] > a[1])
+        assert (len(compact), compact.first, compact.steps) == (len(history), history[0], steps)
+
+
 def test_the_window_counts_steps_up_and_forgets_what_left_it() -> None:
     window = GrowthWindow()
     for now, used in ((0.0, 1), (10.0, 1), (20.0, 2), (30.0, 3), (40.0, 3)):
