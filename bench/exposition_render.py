@@ -39,7 +39,12 @@ from exporter.collectors import SnapshotExporter, default_collectors
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.exposition import ExpositionCache
-from exporter.sampler import Sampler, SamplerSettings
+from exporter.sampler import Sampler
+
+try:
+    from exporter.sampler import SamplerSettings
+except ImportError:  # a baseline tree from before the settings classes were renamed
+    from exporter.sampler import SamplerConfig as SamplerSettings  # type: ignore[attr-defined,no-redef]
 from healthd.sim.node import SimulatedNode
 
 ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"

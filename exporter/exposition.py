@@ -108,6 +108,8 @@ class _Exposition:
         self._lock = threading.Lock()
 
     def body(self, encoder: Encoder, key: Format) -> bytes:
+        """The body in one format, made once. A gzipped body does not keep the plain one it was made from (7-16x its
+        size) unless that was asked for too: Prometheus asks for gzip only."""
         content_type, compress = key
         with self._lock:  # concurrent scrapes of a body not made yet wait for the first to make it
             body = self._bodies.get(key)
@@ -115,7 +117,6 @@ class _Exposition:
                 plain = self._bodies.get((content_type, False))
                 if plain is None:
                     plain = encoder(self.rendered)
-                    self._bodies[(content_type, False)] = plain
                 body = _compress(plain) if compress else plain
                 self._bodies[key] = body
             return body

@@ -25,7 +25,6 @@ from healthd.daemon.startup import (
     move_aside_state,
     option_names,
 )
-from healthd.daemon.systemd import Notifier
 from healthd.logs import configure_logging
 from healthd.state_files import CorruptStateError, StateFileError
 
@@ -83,7 +82,7 @@ async def run(
     loop_hooks: Sequence[LoopHook] = (),
 ) -> int:
     daemon = Daemon(config, allow_fallback=allow_fallback)  # the backend and host are chosen here, once
-    return await Lifecycle(daemon, Notifier(), reload_config=reload_config, loop_hooks=loop_hooks).serve()
+    return await Lifecycle(daemon, daemon.notifier, reload_config=reload_config, loop_hooks=loop_hooks).serve()
 
 
 def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = ()) -> int:

@@ -133,6 +133,7 @@ class Attributor:
             self._index_refreshed = True
         processes: list[AttributedProcess] = []
         live: list[int] = []
+        self.resolver.begin_cycle()
         for gpu in snapshot.gpus:
             if not gpu.fresh or gpu.info is None:
                 continue

@@ -1,12 +1,16 @@
 """PID -> process name and cgroup owner, read from a proc root and cached per (pid, start time).
 
 The cache is keyed by the process start time (field 22 of /proc/<pid>/stat), so a PID the kernel reuses for a new
-process is resolved again instead of inheriting the old owner. Each lookup of a known process costs one small
-read (stat); cgroup and comm are read once per process lifetime.
+process is resolved again instead of inheriting the old owner. A PID new to the cache is read whole (stat, comm,
+cgroup); a known one has its start time checked once every ``verify_every`` cycles only, staggered by PID so each
+cycle checks about 1/N of them. A PID that leaves every card is dropped (``retain``), so one reused after a gap of
+a cycle is new again and read at once; only a PID reused between two samples keeps its old owner, for at most N
+cycles. Files are read with ``os`` calls (no pathlib on this path: it runs for every process every cycle).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,10 @@ import structlog
 from exporter.attribution.cgroup import HOST, CgroupOwner, parse_cgroup_file
 
 log = structlog.get_logger("attribution")
+
+VERIFY_EVERY_CYCLES = 4  # a known PID's start time is checked every 4th cycle (20 s at the default 5 s interval)
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,27 +36,38 @@ class ProcessIdentity:
 
 
 class ProcResolver:
-    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+    def __init__(self, proc_root: Path = Path("/proc"), *, verify_every: int = VERIFY_EVERY_CYCLES) -> None:
+        if verify_every < 1:
+            raise ValueError(f"verify_every must be at least 1, got {verify_every}")
         self.proc_root = proc_root
+        self.verify_every = verify_every
+        self._root = os.fspath(proc_root)
+        self._cycle = 0
         self._cache: dict[int, ProcessIdentity] = {}
         self._warned_unreadable = False
 
+    def begin_cycle(self) -> None:
+        """One sampling cycle starts: known PIDs due this cycle get their start time checked."""
+        self._cycle += 1
+
     def resolve(self, pid: int) -> ProcessIdentity | None:
         """None when the process is gone (or never existed under this proc root)."""
-        base = self.proc_root / str(pid)
-        start = _start_time(base / "stat")
+        cached = self._cache.get(pid)
+        if cached is not None and (self._cycle + pid) % self.verify_every != 0:
+            return cached
+        base = f"{self._root}/{pid}"
+        start = _start_time(_read(base + "/stat"))
         if start is None:
             self._cache.pop(pid, None)
             return None
-        cached = self._cache.get(pid)
         if cached is not None and cached.start_time == start:
             return cached
-        comm = _read(base / "comm").strip()
-        text = _read(base / "cgroup")
+        comm = _read(base + "/comm").strip()
+        text = _read(base + "/cgroup")
         readable = bool(text)
         if not readable and not self._warned_unreadable:
             self._warned_unreadable = True
-            log.warning("cannot read a process's cgroup; its container and pod stay unknown", pid=pid, path=str(base))
+            log.warning("cannot read a process's cgroup; its container and pod stay unknown", pid=pid, path=base)
         identity = ProcessIdentity(pid, start, comm, parse_cgroup_file(text) if text else HOST, readable)
         self._cache[pid] = identity
         return identity
@@ -64,15 +83,25 @@ class ProcResolver:
         return len(self._cache)
 
 
-def _read(path: Path) -> str:
+def _read(path: str) -> str:
     try:
-        return path.read_text(errors="replace")
+        fd = os.open(path, _READ_FLAGS)
     except OSError:
         return ""
+    try:
+        chunks = []
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+            if len(chunk) < _CHUNK:  # /proc hands a small file over in one read: no second call for the EOF
+                break
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
-def _start_time(stat_path: Path) -> int | None:
-    text = _read(stat_path)
+def _start_time(text: str) -> int | None:
     # comm (field 2) may hold spaces and parentheses: fields after the last ')' start at field 3 (state)
     close = text.rfind(")")
     if close < 0:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from exporter.attribution.attributor import Attribution
 from exporter.collectors import Collector, default_collectors
-from exporter.collectors.dcgm_compat import DcgmCompatCollector
 from exporter.collectors.dcgm_fields import DEFAULT_VERSION as DCGM_DEFAULT
 from exporter.collectors.dcgm_fields import VERSIONS as DCGM_VERSIONS
 from exporter.settings import option
@@ -51,6 +50,8 @@ class CardMetrics(ComponentBase):
     ) -> None:
         self._collectors: list[Collector] = list(default_collectors())
         if settings.dcgm_compat:  # dcgm-exporter names; the host name as dcgm-exporter sets it in Kubernetes
+            from exporter.collectors.dcgm_compat import DcgmCompatCollector  # imported only where it is turned on
+
             hostname = os.environ.get("NODE_NAME") or socket.gethostname()
             self._collectors.append(
                 DcgmCompatCollector(

@@ -21,10 +21,12 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.attribution import component as attribution
 from healthd.component import Component
-from healthd.daemon import cards, device, health, metrics, rpc
+from healthd.daemon import cards, device, health, metrics, notify, rpc
 from healthd.daemon.config import Config
 from healthd.daemon.lifecycle import STOP_BUDGET_SECONDS
 from healthd.daemon.metrics import MetricsEndpoint
+from healthd.daemon.notify import NotifyComponent
+from healthd.daemon.systemd import Notifier
 from healthd.host.view import choose_host
 from healthd.node import Builder, Node
 from healthd.partition import component as partitions
@@ -46,6 +48,7 @@ COMPONENTS: tuple[Builder, ...] = (
     topology.build,
     cards.build,
     partitions.build,
+    notify.build,
     metrics.build,
     rpc.build,
 )
@@ -84,6 +87,9 @@ class Daemon:
         endpoint = self.node.built(MetricsEndpoint)
         assert endpoint is not None, "the component list builds the metrics endpoint"
         self.metrics = endpoint
+        notifier = self.node.built(NotifyComponent)
+        assert notifier is not None, "the component list builds the notifier"
+        self.notifier: Notifier = notifier.notifier
 
     # ----- what the lifecycle (systemd) needs -------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from healthd.component import ComponentBase
 from healthd.daemon.config import Config
 from healthd.daemon.runbooks import alert_runbooks
 from healthd.daemon.status_hook import HookView
-from healthd.daemon.status_page import render_status_page
 from healthd.faults.settings import HookSettings
 from healthd.findings import Action
 from healthd.node import Node
@@ -75,6 +74,8 @@ def status_page(node: Node) -> Callable[[], str]:
     runbooks = alert_runbooks()
 
     def render() -> str:
+        from healthd.daemon.status_page import render_status_page  # on the first visit, not at start-up
+
         return render_status_page(
             node.sampler.latest(),
             checks=node.check_states,

@@ -1,8 +1,13 @@
 """systemd integration: sd_notify (READY, WATCHDOG, STATUS, STOPPING, RELOADING) and the watchdog loop.
 
-Without ``NOTIFY_SOCKET`` (not started by systemd with Type=notify) every call here is a silent no-op.
-Messages go through systemd-python's ``systemd.daemon.notify`` when it can be imported; otherwise the datagram
-is written to the socket directly (the protocol is one AF_UNIX datagram of ``KEY=VALUE`` lines, sd_notify(3)).
+Without ``NOTIFY_SOCKET`` (not started by systemd with Type=notify) every call here is a silent no-op. A message is
+one AF_UNIX datagram of ``KEY=VALUE`` lines (sd_notify(3)); '@' in the address means the abstract namespace.
+
+A send never blocks: the socket is non-blocking, and a message the listener's queue has no room for
+(EAGAIN: it stopped reading; the kernel queues ``net.unix.max_dgram_qlen`` datagrams, 10 by default) is dropped and
+counted, so a stuck listener can never freeze the event loop that sends the pings. systemd reads its socket all the
+time; a proxy or test harness that stops reading costs dropped messages, shown by ``xpu_sd_notify_dropped_total``.
+systemd-python's ``daemon.notify`` is not used for this: its send blocks.
 """
 
 from __future__ import annotations
@@ -20,68 +25,53 @@ from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("systemd")
 
-NotifySender = Callable[[str], bool]
-
-
-def _systemd_python_sender() -> NotifySender | None:
-    try:
-        from systemd import daemon
-    except ImportError:
-        return None
-
-    def send(message: str) -> bool:
-        try:
-            return bool(daemon.notify(message))
-        except OSError:  # the socket went away (the manager restarted, a test's listener left): not our failure
-            return False
-
-    return send
-
-
-def _datagram_sender(address: str) -> NotifySender:
-    """Fallback when systemd-python is missing: one datagram per message; '@' means the abstract namespace."""
-    target = "\0" + address[1:] if address.startswith("@") else address
-
-    def send(message: str) -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            try:
-                sock.sendto(message.encode(), target)
-            except OSError:
-                return False
-        return True
-
-    return send
-
 
 class Notifier:
-    """Sends sd_notify messages to the service manager, if there is one."""
+    """Sends sd_notify messages to the service manager, if there is one; never blocks (drops and counts)."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, *, prefer_systemd_python: bool = True) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.address = env.get("NOTIFY_SOCKET") or None
-        self.via = "none"
-        self._send: NotifySender | None = None
-        if self.address is None:
-            return
-        sender = _systemd_python_sender() if prefer_systemd_python else None
-        if sender is not None:
-            self._send, self.via = sender, "systemd-python"
-        else:
-            self._send, self.via = _datagram_sender(self.address), "datagram"
+        self.via = "none" if self.address is None else "datagram"
+        self.delivered = 0
+        self.dropped: dict[str, int] = {"queue_full": 0, "unreachable": 0}
+        self._target = ""
+        self._sock: socket.socket | None = None
+        if self.address is not None:
+            self._target = "\0" + self.address[1:] if self.address.startswith("@") else self.address
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
 
     @property
     def enabled(self) -> bool:
-        return self._send is not None
+        return self._sock is not None
 
     def notify(self, **fields: str | int) -> bool:
-        """``notify(READY=1, STATUS="...")``; values must not contain newlines (they are replaced)."""
-        if self._send is None:
+        """``notify(READY=1, STATUS="...")``; values must not contain newlines (they are replaced). False when the
+        message was not delivered (no manager, its queue full, its socket gone)."""
+        if self._sock is None:
             return False
-        lines = [f"{key}={str(value).replace(chr(10), ' ')}" for key, value in fields.items()]
-        ok = self._send("\n".join(lines))
-        if not ok:
-            log.debug("sd_notify failed", fields=sorted(fields))
-        return ok
+        message = "\n".join(f"{key}={str(value).replace(chr(10), ' ')}" for key, value in fields.items())
+        try:
+            self._sock.sendto(message.encode(), self._target)
+        except BlockingIOError:
+            return self._dropped("queue_full", fields)
+        except OSError:  # the socket went away (the manager restarted, a test's listener left): not our failure
+            return self._dropped("unreachable", fields)
+        self.delivered += 1
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _dropped(self, reason: str, fields: Mapping[str, str | int]) -> bool:
+        self.dropped[reason] += 1
+        if reason == "queue_full" and self.dropped[reason] == 1:  # once: a stuck listener would be logged every 5 s
+            log.warning("sd_notify listener is not reading; messages dropped and counted", keys=sorted(fields))
+        else:
+            log.debug("sd_notify message dropped", reason=reason, keys=sorted(fields))
+        return False
 
     def ready(self, status: str) -> bool:
         return self.notify(READY=1, STATUS=status)

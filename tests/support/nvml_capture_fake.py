@@ -4,7 +4,8 @@ The answers come from ``tests/fixtures/h200`` (``nvml-inventory.json`` and ``mig
 NVIDIA H200 SXM in a VM: no NVLink, MIG off, ECC on. :func:`install` monkeypatches every ``pynvml`` function the
 backend calls; NVML errors are raised as ``pynvml.NVMLError(code)``, as the real wrappers do, and wherever the
 capture says "Not Supported" the fake raises NotSupported (fan, NUMA node, retired pages, NVLink when
-``nvlinks=0``). Readings the capture lacks are modelled and marked as such below (GPM: :class:`GpmModel`).
+``nvlinks=0``). Readings the capture lacks are modelled and marked as such below (GPM: :class:`GpmModel`; with MIG
+on, the utilization rates answer NotSupported, as NVML's documentation of ``nvmlDeviceGetUtilizationRates`` says).
 
 Knobs on the returned :class:`FakeNvml`: ``fail(call, code)`` makes one NVML function fail, ``lose_gpu()`` makes
 every device call answer GPU_IS_LOST (one card's, or all), ``recover_gpu()`` brings a lost card back as a reset
@@ -284,6 +285,8 @@ class FakeNvml(NvmlReadings):
         return info
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        if self.mig:  # NVML's documentation: "On MIG-enabled GPUs, querying device utilization rates is not supported"
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         util = self._dev("util")
         rates = pynvml.c_nvmlUtilization_t()
         rates.gpu, rates.memory = util["gpu"], util["memory"]

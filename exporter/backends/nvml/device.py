@@ -7,7 +7,8 @@ The per-cycle path (:meth:`NvmlBackend.sample`) reads counters through one ``nvm
 
 Per-card state (handle, identity with the minor number, NVLink list, field request, MIG profiles) is cached and
 renewed when ``cards.CardWatch`` finds it stale: a MIG mode change, a handle NVML rejects, a card back from
-GPU_IS_LOST / RESET_REQUIRED or reset between samples. The event set (``events.py``) is rebuilt then too. A
+GPU_IS_LOST / RESET_REQUIRED or reset between samples. The event set (``events.py``) is rebuilt then too. The MIG
+mode is read only when it may have changed (``migmode.py``). A
 process list NVML refuses (NO_PERMISSION: a MIG card's parent list without privileges) is ``UNKNOWN``.
 
 Thread safety: NVML is thread-safe; the device-access layer calls per-device methods from one lane per GPU and
@@ -43,6 +44,7 @@ from exporter.backends.nvml.calls import (
 from exporter.backends.nvml.cards import CardWatch, Refresh, per_card
 from exporter.backends.nvml.events import EventSet, handle_key
 from exporter.backends.nvml.handles import DeviceHandle
+from exporter.backends.nvml.migmode import MigModeCache
 from exporter.backends.nvml.processes import ProcessReader
 from exporter.backends.nvml.profiling import NvmlProfiling
 from exporter.backends.protocol import FaultInjector
@@ -91,6 +93,7 @@ class NvmlBackend:
         self._field_requests: dict[int, tuple[fields.FieldKey, ...]] = {}
         self._profiles: dict[int, tuple[MigProfile, ...]] = {}
         self._processes = ProcessReader()
+        self._mig_modes = MigModeCache()  # read again only when the mode may have changed (migmode.py)
         self._cards = CardWatch()
         self.call_nesting = threading.local()  # per-card calls made inside another are not watched twice
         self._event_set = EventSet(
@@ -129,6 +132,7 @@ class NvmlBackend:
             for cache in (self._handles, self._infos, self._links, self._field_requests, self._profiles):
                 cache.clear()
             self._processes.forget()
+            self._mig_modes.forget()
             self._profiling.forget()
             self._count = 0
             with contextlib.suppress(pynvml.NVMLError):  # already shut down or driver gone: nothing left to release
@@ -186,7 +190,7 @@ class NvmlBackend:
                 optional("nvmlDeviceGetPowerManagementDefaultLimit", pynvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
             ),
             nvlink_count=len(links),
-            mig_capable=optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h) is not UNSUPPORTED,
+            mig_capable=not isinstance(self._mig_modes.read(index, h), Unsupported),
             compute_capability=UNSUPPORTED if cc is UNSUPPORTED else (int(cc[0]), int(cc[1])),
             vbios_version=UNSUPPORTED if vbios is UNSUPPORTED else text(vbios),
         )
@@ -256,7 +260,7 @@ class NvmlBackend:
             )
         pstate = as_int(optional("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h))
         compute_mode = optional("nvmlDeviceGetComputeMode", pynvml.nvmlDeviceGetComputeMode, h)
-        mig_mode = optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h)
+        mig_mode = self._mig_modes.for_cycle(index, h, util is not UNSUPPORTED)
         return DeviceSample(
             gpu_utilization_ratio=UNSUPPORTED if util is UNSUPPORTED else ratio(util.gpu),
             memory_utilization_ratio=UNSUPPORTED if util is UNSUPPORTED else ratio(util.memory),
@@ -301,8 +305,8 @@ class NvmlBackend:
             ),
             compute_mode=UNSUPPORTED if compute_mode is UNSUPPORTED else ComputeMode(int(compute_mode)),
             persistence_mode=as_bool(optional("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode, h)),
-            mig_mode_current=UNSUPPORTED if mig_mode is UNSUPPORTED else bool(mig_mode[0]),
-            mig_mode_pending=UNSUPPORTED if mig_mode is UNSUPPORTED else bool(mig_mode[1]),
+            mig_mode_current=UNSUPPORTED if isinstance(mig_mode, Unsupported) else mig_mode[0],
+            mig_mode_pending=UNSUPPORTED if isinstance(mig_mode, Unsupported) else mig_mode[1],
         )
 
     def _field_request(self, index: int) -> tuple[fields.FieldKey, ...]:
@@ -356,7 +360,7 @@ class NvmlBackend:
     @per_card
     def mig_instances(self, index: int) -> tuple[MigInstance, ...]:
         h = self._handle(index)
-        if not mig.mig_enabled(h):
+        if not self._mig_modes.current(index, h):
             return ()
         return mig.list_instances(index, h, self.mig_profiles(index))
 
@@ -411,6 +415,7 @@ class NvmlBackend:
                 for cache in (self._handles, self._infos, self._links, self._field_requests, self._profiles):
                     cache.pop(index, None)
             self._processes.forget(index)
+            self._mig_modes.forget(index)
         if refresh.events:
             self._event_set.rebuild(f"GPU {index}: {refresh.reason}")
 

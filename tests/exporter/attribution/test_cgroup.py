@@ -273,7 +273,7 @@ def test_pid_reuse_is_detected_by_start_time(tmp_path: Path) -> None:
     (d / "stat").write_text(_stat(77, 1000))
     (d / "comm").write_text("old\n")
     (d / "cgroup").write_text(v2(f"/system.slice/docker-{CID}.scope"))
-    resolver = ProcResolver(tmp_path)
+    resolver = ProcResolver(tmp_path, verify_every=1)  # start time checked on every lookup
     first = resolver.resolve(77)
     assert first is not None
     assert first.owner.container_id == CID
@@ -293,7 +293,7 @@ def test_exited_process_resolves_to_none_and_leaves_the_cache(tmp_path: Path) ->
     d.mkdir()
     (d / "stat").write_text(_stat(9, 5, comm="a) b (c"))  # comm with parentheses and spaces
     (d / "cgroup").write_text(v2("/"))
-    resolver = ProcResolver(tmp_path)
+    resolver = ProcResolver(tmp_path, verify_every=1)
     identity = resolver.resolve(9)
     assert identity is not None
     assert identity.start_time == 5

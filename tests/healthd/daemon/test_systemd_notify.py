@@ -7,6 +7,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -188,39 +190,104 @@ def test_notifier_is_silent_without_notify_socket() -> None:
     assert notifier.ready("x") is False
 
 
-@pytest.mark.parametrize("prefer_systemd_python", [True, False])
-def test_notifier_sends_datagrams(tmp_path: Path, prefer_systemd_python: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notifier_sends_datagrams(tmp_path: Path) -> None:
     sock = NotifySocket(tmp_path / "n.sock")
-    monkeypatch.setenv("NOTIFY_SOCKET", str(sock.path))  # systemd-python's notify reads the process environment
+    notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)})
     try:
-        notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)}, prefer_systemd_python=prefer_systemd_python)
-        assert notifier.via == ("systemd-python" if prefer_systemd_python else "datagram")
+        assert notifier.via == "datagram"
         assert notifier.ready("two\nlines")
         assert sock.next(5) == {"READY": "1", "STATUS": "two lines"}
         assert notifier.stopping()
         assert sock.next(5) == {"STOPPING": "1", "STATUS": "stopping"}
+        assert notifier.delivered == 2
     finally:
+        notifier.close()
         sock.close()
 
 
-@pytest.mark.parametrize("prefer_systemd_python", [True, False])
-def test_a_notify_socket_that_went_away_is_not_an_error(
-    tmp_path: Path, prefer_systemd_python: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_notify_socket_that_went_away_is_not_an_error(tmp_path: Path) -> None:
     sock = NotifySocket(tmp_path / "n.sock")
-    monkeypatch.setenv("NOTIFY_SOCKET", str(sock.path))
-    notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)}, prefer_systemd_python=prefer_systemd_python)
+    notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)})
     sock.close()
     (tmp_path / "n.sock").unlink(missing_ok=True)
     assert notifier.stopping() is False  # said, not raised: stopping must go on
+    assert notifier.dropped == {"queue_full": 0, "unreachable": 1}
+    notifier.close()
+
+
+def test_a_listener_that_never_reads_costs_dropped_messages_not_a_blocked_sender(tmp_path: Path) -> None:
+    """The kernel queues a few datagrams for an unread socket (net.unix.max_dgram_qlen); after that a blocking send
+    would wait for ever. Sends go on from a thread here so that a blocked one fails the join instead of the run."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "n.sock"))
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "n.sock")})
+    results: list[bool] = []
+    sender = threading.Thread(target=lambda: results.extend(notifier.status(f"tick {i}") for i in range(200)))
+    sender.start()
+    sender.join(30)  # a bound, not a measurement: 200 non-blocking sends take microseconds
+    try:
+        assert not sender.is_alive(), "a send blocked on a listener that does not read"
+        assert len(results) == 200
+        assert notifier.dropped["queue_full"] == results.count(False) > 0
+        assert notifier.delivered == results.count(True) > 0
+        listener.setblocking(False)
+        while True:  # the listener catches up: the next message goes through again
+            try:
+                listener.recv(65536)
+            except BlockingIOError:
+                break
+        assert notifier.watchdog()
+        assert listener.recv(100) == b"WATCHDOG=1"
+    finally:
+        listener.close()
+        notifier.close()
+
+
+@pytest.mark.e2e
+def test_a_notify_socket_that_never_reads_does_not_slow_metrics_or_healthz(tmp_path: Path) -> None:
+    """A proxy or harness that stops reading its NOTIFY_SOCKET: the daemon's pings fill the queue within a second
+    (every 0.2 s here), then every later message is dropped; /metrics and /healthz go on answering and say so."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+    try:
+        with running_daemon(daemon_args(tmp_path), env) as daemon:
+            port = daemon.metrics_port()
+            dropped = 0.0
+            for _ in range(300):  # the queue fills after about 11 messages: 2-3 s at a ping every 0.2 s
+                dropped = _dropped(_metrics(port))
+                if dropped > 0:
+                    break
+                time.sleep(0.1)
+            assert dropped > 0, "the daemon's messages were never dropped: the listener's queue did not fill"
+            for _ in range(10):  # well past the moment the old blocking send froze the daemon
+                assert healthz(port) == 200
+                assert _dropped(_metrics(port)) >= dropped
+                time.sleep(0.3)
+            assert daemon.stop() == 0
+    finally:
+        listener.close()
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def _dropped(text: str) -> float:
+    for line in text.splitlines():
+        if line.startswith('xpu_sd_notify_dropped_total{reason="queue_full"}'):
+            return float(line.split()[-1])
+    raise AssertionError("no xpu_sd_notify_dropped_total series on /metrics")
 
 
 def test_datagram_fallback_reaches_an_abstract_socket() -> None:
     name = f"xpu-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
         server.bind("\0" + name)
-        notifier = Notifier({"NOTIFY_SOCKET": "@" + name}, prefer_systemd_python=False)
+        notifier = Notifier({"NOTIFY_SOCKET": "@" + name})
         assert notifier.watchdog()
+        notifier.close()
         server.settimeout(5)
         assert server.recv(100) == b"WATCHDOG=1"
 
