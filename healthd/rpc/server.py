@@ -16,6 +16,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from healthd.rpc.guard import RequestGuard
+from healthd.rpc.health import HealthServicer
 from healthd.rpc.reflection import enable_reflection
 from healthd.rpc.sockets import BoundSocket, SocketInUseError, claim_socket_path
 from healthd.rpc.transport import GrpcTls, secure_socket, server_credentials
@@ -53,7 +54,7 @@ class GrpcServer:
         self._socket_mode = socket_mode
         self._socket_group = socket_group
         self._server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = HealthServicer()
         self._health_set: set[str] = set()  # names whose status the daemon set (kept across start)
         self._sockets: list[BoundSocket] = []
         self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
@@ -83,6 +84,11 @@ class GrpcServer:
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("grpc listening", addresses=list(self._addresses), services=names, tcp_ports=self.tcp_ports)
+
+    @property
+    def service_names(self) -> frozenset[str]:
+        """The services this server hosts: grpc.health.v1 reports these (and the whole server and the cards) only."""
+        return frozenset(svc.full_name for svc in self._services)
 
     async def set_health(self, name: str, serving: bool) -> None:
         """Set grpc.health.v1 for ``name`` ("" is the whole server); the daemon mirrors its node status here."""

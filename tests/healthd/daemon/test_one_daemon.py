@@ -20,7 +20,7 @@ from tests.support.daemon_process import DaemonProcess
 pytestmark = pytest.mark.e2e
 
 
-def second_daemon(*, socket_path: Path, state_dir: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def second_daemon(*, socket_path: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
     """A second xpu-healthd; before one-daemon-per-node it started and ran, so the timeout fails the test."""
     return subprocess.run(
         [
@@ -34,7 +34,6 @@ def second_daemon(*, socket_path: Path, state_dir: Path, extra: tuple[str, ...] 
             f"unix:{socket_path}",
             "--state-dir",
             str(state_dir),
-            *extra,
         ],
         capture_output=True,
         text=True,
