@@ -26,6 +26,7 @@ from healthd.daemon.startup import (
     check_state_dir,
     move_aside_state,
     option_names,
+    restrict_state,
 )
 from healthd.daemon.systemd import Notifier
 from healthd.logs import configure_logging
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = 
 
 
 def _run_locked(args: argparse.Namespace, config: Config, names: OptionNames, loop_hooks: Sequence[LoopHook]) -> int:
+    restrict_state(config.state_dir)
     configure_logging(config.log_level)
     try:
         return asyncio.run(
