@@ -163,6 +163,13 @@ class BoundedHTTPServer(socketserver.TCPServer):
         end = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, end - time.monotonic()))
+        while True:  # kept-alive connections handed back after the selector ended
+            try:
+                conn = self._returned.get_nowait()
+            except queue.Empty:
+                break
+            with contextlib.suppress(OSError):
+                conn.sock.close()
         self.server_close()
         self._wake_r.close()
         self._wake_w.close()
@@ -202,7 +209,8 @@ class BoundedHTTPServer(socketserver.TCPServer):
                 return
             except OSError as exc:  # EMFILE and the like: make room, try again on the next event
                 log.warning("http accept failed", error=str(exc))
-                self._evict_oldest()
+                if not self._evict_oldest():
+                    time.sleep(0.05)  # nothing of ours to close: do not spin on a listener that stays readable
                 return
             if not self._make_room():
                 sock.close()  # every open connection is being answered: refused

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter import http_server
@@ -173,3 +175,31 @@ def threads_of_self() -> int:
     import threading
 
     return threading.active_count()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(["/healthz", "/metrics", "/", "/nope"]),
+    cuts=st.lists(st.integers(min_value=1, max_value=80), max_size=6),
+    junk=st.binary(max_size=40),
+)
+def test_a_head_split_anywhere_gets_the_answer_it_gets_whole(
+    server: MetricsHTTPServer, path: str, cuts: list[int], junk: bytes
+) -> None:
+    """The selector reassembles a head sent in pieces; what follows it (the client's next bytes) never changes the
+    answer to the first request, and the server keeps answering."""
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Junk: {junk.hex()}\r\nConnection: close\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start = 0
+        for cut in cuts:
+            s.sendall(head[start : start + cut])
+            start += cut
+            time.sleep(0.002)
+        s.sendall(head[start:])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    expected = b"404" if path == "/nope" else b"200"
+    assert answer.startswith(b"HTTP/1.1 " + expected), answer[:100]
+    assert answer.count(b"HTTP/1.1 ") == 1
