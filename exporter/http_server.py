@@ -171,6 +171,11 @@ class BoundedHTTPServer(socketserver.TCPServer):
             with contextlib.suppress(OSError):
                 conn.sock.close()
         self.server_close()
+
+    def server_close(self) -> None:
+        """Close what the constructor opened (the listener, the selector and its wake-up pair), started or not."""
+        super().server_close()
+        self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -193,7 +198,6 @@ class BoundedHTTPServer(socketserver.TCPServer):
             self._expire(time.monotonic())
         for conn in list(self._waiting.values()):
             self._close(conn)
-        self._selector.close()
 
     def _next_timeout(self) -> float:
         if not self._waiting:
