@@ -89,7 +89,7 @@ def measure(rounds: int, work_dir: Path) -> Samples:
         partitions = ppb_grpc.PartitionsStub(admin)  # type: ignore[no-untyped-call]
         health_admin = hpb_grpc.HealthStub(admin)  # type: ignore[no-untyped-call]
         health = hpb_grpc.HealthStub(main)  # type: ignore[no-untyped-call]
-        simulation = spb_grpc.SimulationStub(main)  # type: ignore[no-untyped-call]
+        simulation = spb_grpc.SimulationStub(admin)  # type: ignore[no-untyped-call]
         partitions.SetCardMode(ppb.SetCardModeRequest(gpu="6", mode=ppb.PARTITION_MODE_MIG), timeout=10)
         kubelet.wait(lambda: len(kubelet.healthy(GPU)) == 6 and len(kubelet.healthy(MIG)) == 7, "plugin ready")
         cards = sorted(kubelet.healthy(GPU))

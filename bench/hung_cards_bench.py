@@ -222,8 +222,8 @@ def setup_cards(admin: grpc.Channel) -> None:
     )
 
 
-def inject_hangs(main: grpc.Channel) -> None:
-    sim = spb_grpc.SimulationStub(main)
+def inject_hangs(admin: grpc.Channel) -> None:
+    sim = spb_grpc.SimulationStub(admin)
     for gpu in MIG_CARDS:
         sim.InjectFault(spb.InjectFaultRequest(kind="hang", gpu=gpu, params={"call": "mig_instances"}), timeout=10)
     sim.InjectFault(spb.InjectFaultRequest(kind="hang", gpu=TDM_HUNG_CARD, params={"call": "*"}), timeout=10)
@@ -334,7 +334,7 @@ def run_scenario(
             watched: dict[str, float] = {}
             watcher = threading.Thread(target=watch_faults, args=(main, watched, stop_watch), daemon=True)
             watcher.start()
-            inject_hangs(main)
+            inject_hangs(admin)
             started = time.monotonic()
             stats = CallStats()
             clients = threading.Thread(
@@ -343,7 +343,7 @@ def run_scenario(
             clients.start()
             time.sleep(hold_seconds / 2)
             injected = time.monotonic()
-            spb_grpc.SimulationStub(main).InjectFault(
+            spb_grpc.SimulationStub(admin).InjectFault(
                 spb.InjectFaultRequest(kind="xid", gpu=XID_CARD, params={"code": "79"}), timeout=10
             )
             arrived = hook.wait_for(lambda r: r.gpu_index == XID_CARD and r.code == "xid_79", hold_seconds)

@@ -49,6 +49,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("bench.deviceplugin_bench", "device plugin: Allocate, health flip latency, plugin memory"),
     ("bench.dra_bench", "DRA driver: prepare latency per claim shape, fault -> taint -> untaint"),
     ("bench.scrape_bench", "the daemon's /metrics: scrape p50/p99, CPU, series per card/process/pod"),
+    ("bench.http_server_bench", "the metrics port's server vs thread-per-connection, and 600 idle connections"),
 )
 
 

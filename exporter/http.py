@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics, /healthz and a landing page, on a small threaded server.
+"""The HTTP endpoint: /metrics, /healthz and a landing page, on a server with bounded threads and connections
+(exporter/http_server.py: idle or slow clients hold no thread).
 
 /metrics serves what the exposition cache rendered from the latest Snapshot (exporter/exposition.py), so a scrape
 answers at once, never calls the driver, and costs the same however often it comes.
@@ -9,18 +10,16 @@ from __future__ import annotations
 import socket
 import ssl
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
 from exporter.encoding import Collectable
 from exporter.exposition import ExpositionCache
+from exporter.http_server import BoundedHTTPServer, OneRequestHandler
 from exporter.webconfig import BasicAuthenticator, WebConfig
 
 log = structlog.get_logger("http")
@@ -67,14 +66,12 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>xpu-healthd
 """
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(OneRequestHandler):
+    # Headers and body leave in two writes; the server turns Nagle off, or a kept-alive client (Prometheus) waits
+    # for its delayed ACK (~40 ms) before the body's last segment arrives (bench/metrics_bench.py: 48 ms -> 3 ms).
     server: MetricsHTTPServer
-    protocol_version = "HTTP/1.1"
-    # Headers and body leave in two writes; with Nagle on, a kept-alive client (Prometheus) waits for its delayed
-    # ACK (~40 ms) before the body's last segment arrives. bench/metrics_bench.py measured 48 ms -> 3 ms p50.
-    disable_nagle_algorithm = True
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 (http.server dispatches on the method name)
         url = urlsplit(self.path)
         try:
             if not self.server.security().auth.check(self.headers.get("Authorization")):
@@ -153,17 +150,11 @@ class HttpSecurity:
         return cls(config.tls.ssl_context() if config.tls else None, BasicAuthenticator(config.basic_auth_users))
 
 
-TLS_HANDSHAKE_TIMEOUT = 10.0
-
-
 class BindError(OSError):
     """The metrics listener could not be bound; the message names the address."""
 
 
-class MetricsHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
+class MetricsHTTPServer(BoundedHTTPServer):
     def __init__(
         self,
         address: tuple[str, int],
@@ -186,7 +177,6 @@ class MetricsHTTPServer(ThreadingHTTPServer):
         self.exposition = metrics if isinstance(metrics, ExpositionCache) else ExpositionCache(metrics, max_age=0.0)
         self.health = health
         self.landing = landing
-        self._thread: threading.Thread | None = None
 
     def security(self) -> HttpSecurity:
         return self._security
@@ -199,23 +189,9 @@ class MetricsHTTPServer(ThreadingHTTPServer):
     def scheme(self) -> str:
         return "https" if self._security.tls is not None else "http"
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        """Runs on the connection's own thread, so a slow TLS handshake holds up no one else."""
-        tls = self._security.tls
-        if tls is None:
-            super().finish_request(request, client_address)
-            return
-        request.settimeout(TLS_HANDSHAKE_TIMEOUT)
-        try:
-            conn = tls.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            log.debug("tls handshake failed", client=str(client_address), error=str(exc))
-            return
-        try:
-            conn.settimeout(None)
-            super().finish_request(conn, client_address)
-        finally:
-            conn.close()
+    def tls_context(self) -> ssl.SSLContext | None:
+        """Read per connection, so a re-read web config applies to the next connection."""
+        return self._security.tls
 
     def handle_error(self, request: object, client_address: object) -> None:
         exc = sys.exc_info()[1]
@@ -227,13 +203,3 @@ class MetricsHTTPServer(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join(5)

@@ -15,15 +15,18 @@ from exporter.http import BindError
 from exporter.version import VERSION
 from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
+from healthd.daemon.instance import claim_node, lock_state_dir
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
 from healthd.daemon.startup import (
     MOVABLE_STATE,
+    OptionNames,
     StartupError,
     check_references,
     check_socket_dirs,
     check_state_dir,
     move_aside_state,
     option_names,
+    restrict_state,
 )
 from healthd.logs import configure_logging
 from healthd.state_files import CorruptStateError, StateFileError
@@ -94,7 +97,14 @@ def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = 
         config = resolve_config(args)
         names = option_names(source=config.source, flags=_flags_given(args))
         if args.move_aside:
-            print(move_aside_state(config.state_dir, args.move_aside, names))
+            if not config.state_dir.is_dir():
+                print(move_aside_state(config.state_dir, args.move_aside, names))  # says there is nothing to move
+                return 0
+            held = lock_state_dir(config.state_dir, names)  # refused while a daemon runs on the directory
+            try:
+                print(move_aside_state(config.state_dir, args.move_aside, names))
+            finally:
+                held.release()
             return 0
         check_references(config, names)
         config.check_transport()
@@ -103,8 +113,17 @@ def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = 
             return 0
         check_state_dir(config.state_dir, names)
         check_socket_dirs(config, names)
+        instance = claim_node(config, names)  # before anything is built: a second daemon touches nothing
     except (ConfigError, StartupError, StateFileError) as exc:
         return _startup_failed(str(exc))
+    try:
+        return _run_locked(args, config, names, loop_hooks)
+    finally:
+        instance.release()
+
+
+def _run_locked(args: argparse.Namespace, config: Config, names: OptionNames, loop_hooks: Sequence[LoopHook]) -> int:
+    restrict_state(config.state_dir)
     configure_logging(config.log_level)
     try:
         return asyncio.run(

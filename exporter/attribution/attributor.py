@@ -177,16 +177,20 @@ class Attributor:
 
     def _pod_workload(self, owner: CgroupOwner, holders: set[Workload]) -> Workload:
         index = self.pod_index
-        if index is not None and owner.container_id:
-            ref = index.container(owner.container_id)
-            if ref is None and self._rescan_for(owner.container_id):
-                ref = index.container(owner.container_id)
-            if ref is not None:
-                return Workload(ref.namespace, ref.pod, ref.container)
         if index is not None:
+            ref = None
+            if owner.container_id:
+                ref = index.container(owner.container_id)
+                if ref is None and self._rescan_for(owner.container_id):
+                    ref = index.container(owner.container_id)
             pod = index.pod(owner.pod_uid)
             if pod is None and self._rescan_for(owner.pod_uid):
                 pod = index.pod(owner.pod_uid)
+            # The container id is the innermost cgroup's name, which a tenant who may write its own cgroup can
+            # choose (a child named after another pod's container); the pod UID is kubelet's slice above it. So a
+            # container names the workload only when it belongs to the pod the cgroup is in.
+            if ref is not None and pod is not None and (ref.namespace, ref.pod) == (pod.namespace, pod.pod):
+                return Workload(ref.namespace, ref.pod, ref.container)
             if pod is not None:
                 if len(pod.containers) == 1:
                     return Workload(pod.namespace, pod.pod, pod.containers[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -9,8 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from exporter.backends.types import MediaEngines, MigProfile
+from exporter.textfile import NotATextFile, read_text_file
 
 BUILTIN_SCENARIOS = ("h200x8", "h200x8-busy", "h200x1")
+
+
+MAX_GPUS = 256  # a real node has up to 16 cards; the scale benches go to 64. Each card gets its own lane thread
 
 
 class ScenarioError(ValueError):
@@ -86,12 +91,18 @@ def load_scenario(name_or_path: str) -> Scenario:
             raise ScenarioError(
                 f"scenario {name_or_path!r}: no such built-in scenario ({', '.join(BUILTIN_SCENARIOS)}) or file"
             )
-        text = path.read_text()
+        try:
+            text = read_text_file(path)
+        except NotATextFile as exc:
+            raise ScenarioError(f"{path}: {exc}") from None
         source = str(path)
     try:
         data = tomllib.loads(text)
+        _check_finite(data, source)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ScenarioError(f"{source}: not valid TOML: nested too deeply") from None
     return parse_scenario(data, source=source)
 
 
@@ -107,6 +118,18 @@ def _media(raw: dict[str, Any], where: str) -> MediaEngines | None:
         missing = ", ".join(k for k in MEDIA_KEYS if k not in raw)
         raise ScenarioError(f"{where}: media engine counts go together; missing {missing}")
     return MediaEngines(*(_get(raw, k, int, where) for k in MEDIA_KEYS))
+
+
+def _check_finite(value: object, where: str) -> None:
+    """TOML has nan and inf; no reading of a card is either, and the simulated node would fail on one later."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ScenarioError(f"{where}: {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
 
 
 def _get(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -132,6 +155,8 @@ def parse_scenario(data: dict[str, Any], *, source: str = "scenario") -> Scenari
     cards_raw = _get(data, "gpus", list, source)
     if not cards_raw:
         raise ScenarioError(f"{source}.gpus: at least one GPU is needed")
+    if len(cards_raw) > MAX_GPUS:
+        raise ScenarioError(f"{source}.gpus: {len(cards_raw)} GPUs; a scenario has at most {MAX_GPUS}")
     cards = []
     for i, raw in enumerate(cards_raw):
         where = f"{source}.gpus[{i}]"

@@ -1,4 +1,7 @@
-"""`xpuctl simulate ...`: fault injection into a daemon running on the simulated backend."""
+"""`xpuctl simulate ...`: fault injection into a daemon running on the simulated backend.
+
+Injecting and clearing change the node, so they go to the admin socket (--admin-socket, default: the
+healthd-admin.sock next to --socket), as partition changes do; listing the kinds is a read on --socket."""
 
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ def _params(pairs: Sequence[str]) -> dict[str, str]:
 def cmd_simulate_inject(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+    from healthd.commands.partitions import admin_address
 
-    stub = pb_grpc.SimulationStub(channel)
-    reply = stub.InjectFault(
-        pb.InjectFaultRequest(kind=args.kind, gpu=args.gpu, params=_params(args.params)), timeout=args.timeout
-    )
+    request = pb.InjectFaultRequest(kind=args.kind, gpu=args.gpu, params=_params(args.params))
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        reply = pb_grpc.SimulationStub(admin).InjectFault(request, timeout=args.timeout)
     if wants_json(args):
         print_json(reply)
     else:
@@ -39,10 +42,11 @@ def cmd_simulate_inject(args: argparse.Namespace, channel: grpc.Channel) -> int:
 def cmd_simulate_clear(args: argparse.Namespace, channel: grpc.Channel) -> int:
     from healthd.api.v1 import simulation_pb2 as pb
     from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
+    from healthd.commands.partitions import admin_address
 
-    stub = pb_grpc.SimulationStub(channel)
     request = pb.ClearFaultsRequest() if args.gpu is None else pb.ClearFaultsRequest(gpu=args.gpu)
-    reply = stub.ClearFaults(request, timeout=args.timeout)
+    with grpc.insecure_channel(admin_address(args)) as admin:
+        reply = pb_grpc.SimulationStub(admin).ClearFaults(request, timeout=args.timeout)
     if wants_json(args):
         print_json(reply)
     else:
@@ -72,6 +76,12 @@ def cmd_simulate_kinds(args: argparse.Namespace, channel: grpc.Channel) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = sub.add_parser("simulate", help="fault injection into a daemon running --simulate")
+    sim.add_argument(
+        "--admin-socket",
+        metavar="ADDR",
+        help="admin socket for inject and clear (default: env XPU_ADMIN_SOCKET, else healthd-admin.sock next to "
+        "--socket)",
+    )
     sim_sub = sim.add_subparsers(dest="action", required=True)
     inject = sim_sub.add_parser("inject", help="inject a fault, e.g. `xpuctl simulate inject xid --gpu 3 code=79`")
     inject.add_argument("kind", help="fault kind (see `xpuctl simulate kinds`)")

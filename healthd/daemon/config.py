@@ -12,6 +12,7 @@ from typing import Any
 from exporter.http import parse_listen_address
 from exporter.sampler import SamplerSettings
 from exporter.settings import ConfigError, check_keys, option, parse_section
+from exporter.textfile import NotATextFile, read_text_file
 from exporter.topology.settings import TopologySettings
 from healthd.attribution.component import AttributionSettings
 from healthd.daemon.cards import ExporterSettings
@@ -125,7 +126,11 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text_file(path))
+    except NotATextFile as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: not valid TOML: nested too deeply") from None
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
     except PermissionError:

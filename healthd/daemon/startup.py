@@ -96,6 +96,23 @@ def check_state_dir(state_dir: Path, names: OptionNames) -> None:
         ) from None
 
 
+STATE_UMASK = 0o027  # the packaged unit's UMask=: files 0640 and directories 0750 at most
+
+
+def restrict_state(state_dir: Path) -> None:
+    """Keep other local users out of the state (the fault journal names processes, pids and pods), also outside
+    the packaged unit (``./dev run``, the DaemonSet's hostPath, which kubelet creates 0755): the unit's umask for
+    everything the daemon creates, and no access for others to the state directory itself. Modes that must be
+    wider (MPS pipe directories, sockets) are set explicitly where they are made."""
+    os.umask(os.umask(STATE_UMASK) | STATE_UMASK)
+    try:
+        mode = state_dir.stat().st_mode
+        if mode & 0o007:
+            state_dir.chmod(mode & 0o7770)
+    except OSError:  # not ours to change (an operator's own directory): the umask still covers new files
+        pass
+
+
 def check_socket_dirs(config: Config, names: OptionNames) -> None:
     """The directory of each unix socket exists or can be made (the gRPC server makes it at start)."""
     for address in config.grpc_addresses:

@@ -2,7 +2,7 @@
 
 ``Node.status()`` is cheap and thread-safe: /healthz (HTTP thread), the systemd STATUS line and the watchdog (event
 loop), and the status page all call it. ``GrpcHealth`` mirrors it into ``grpc.health.v1`` on every server:
-overall (``""``), per service (NOT_SERVING while that service cannot serve) and per card
+overall (``""``), per service hosted by that server (NOT_SERVING while it cannot serve) and per card
 (``xpu.runtime.v1.gpu/<index>``: NOT_SERVING while the card is hung, lost, failing or stale), so a client that
 only speaks the standard health protocol still learns which cards are hung.
 """
@@ -33,7 +33,16 @@ class StatusSource(Protocol):
 class HealthTarget(Protocol):
     """A gRPC server whose standard health service GrpcHealth updates."""
 
+    @property
+    def service_names(self) -> frozenset[str]: ...
+
     async def set_health(self, name: str, serving: bool) -> None: ...
+
+
+def reports(server: HealthTarget, name: str) -> bool:
+    """Each socket reports the whole server, the cards, and only the services it hosts (the admin socket is not
+    SERVING for a service that only the main socket serves)."""
+    return name == "" or name.startswith(GPU_SERVICE_PREFIX) or name in server.service_names
 
 
 class GrpcHealth:
@@ -78,7 +87,8 @@ class GrpcHealth:
             if self._sent.get(name) == serving:
                 continue
             for server in self._servers:
-                await server.set_health(name, serving)
+                if reports(server, name):
+                    await server.set_health(name, serving)
             self._sent[name] = serving
         return wanted
 

@@ -74,8 +74,8 @@ def scan_pci_gpus(sysfs_root: Path) -> list[PciGpu]:
 
 
 def write_json_atomic(path: Path, data: object) -> None:
-    """Write, fsync, rename: a crash leaves the old file or the new one, never half of one."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Write, fsync, rename: a crash leaves the old file or the new one, never half of one. State: 0640."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=0o640)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,6 @@ no handler exception reaches a client as Python text. Reflection answers in both
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,9 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from healthd.rpc.guard import RequestGuard
+from healthd.rpc.health import HealthServicer
 from healthd.rpc.reflection import enable_reflection
+from healthd.rpc.sockets import BoundSocket, SocketInUseError, claim_socket_path
 from healthd.rpc.transport import GrpcTls, secure_socket, server_credentials
 
 log = structlog.get_logger("grpc")
@@ -53,9 +54,9 @@ class GrpcServer:
         self._socket_mode = socket_mode
         self._socket_group = socket_group
         self._server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = HealthServicer()
         self._health_set: set[str] = set()  # names whose status the daemon set (kept across start)
-        self._sockets: list[Path] = []
+        self._sockets: list[BoundSocket] = []
         self.tcp_ports: list[int] = []  # bound ports of TCP listeners, in order (port 0 picks one)
 
     async def start(self) -> None:
@@ -67,22 +68,27 @@ class GrpcServer:
         enable_reflection([*names, health.SERVICE_NAME], server)
         for address in self._addresses:
             if address.startswith("unix:"):
-                path = _prepare_socket_path(address[len("unix:") :])
+                path = _prepare_socket_path(address, Path(address[len("unix:") :]))
                 _bind(address, server.add_insecure_port, address)
-                self._sockets.append(path)
+                self._sockets.append(BoundSocket.of(path))
             elif self._tls is None:
                 raise ValueError(f"grpc listen {address!r}: TCP listeners need mTLS, which is not configured")
             else:
                 credentials = server_credentials(self._tls)
                 self.tcp_ports.append(_bind(address, server.add_secure_port, address, credentials))
         await server.start()
-        for path in self._sockets:
-            secure_socket(path, self._socket_mode, self._socket_group)
+        for bound in self._sockets:
+            secure_socket(bound.path, self._socket_mode, self._socket_group)
         for name in ["", *names]:
             if name not in self._health_set:
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("grpc listening", addresses=list(self._addresses), services=names, tcp_ports=self.tcp_ports)
+
+    @property
+    def service_names(self) -> frozenset[str]:
+        """The services this server hosts: grpc.health.v1 reports these (and the whole server and the cards) only."""
+        return frozenset(svc.full_name for svc in self._services)
 
     async def set_health(self, name: str, serving: bool) -> None:
         """Set grpc.health.v1 for ``name`` ("" is the whole server); the daemon mirrors its node status here."""
@@ -95,9 +101,9 @@ class GrpcServer:
             return
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)
-        for path in self._sockets:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        for bound in self._sockets:
+            bound.remove()  # only the file this server made: a replacement at that path is someone else's
+        self._sockets.clear()
         self._server = None
 
 
@@ -109,9 +115,11 @@ def _bind(address: str, add: Callable[P, int], *args: P.args, **kwargs: P.kwargs
         raise OSError(f"grpc listen {address}: cannot bind ({exc})") from None
 
 
-def _prepare_socket_path(raw: str) -> Path:
-    path = Path(raw)
+def _prepare_socket_path(address: str, path: Path) -> Path:
+    """A stale socket left by a killed daemon is removed; one a live process serves is never taken over."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a stale socket left by a killed daemon
+    try:
+        claim_socket_path(path)
+    except SocketInUseError as exc:
+        raise OSError(f"grpc listen {address}: {exc}") from None
     return path

@@ -1,5 +1,5 @@
 """The simulation component: on a simulated node, the node around the simulated GPUs, and everywhere the Simulation
-gRPC service (fault injection, answering FAILED_PRECONDITION on real GPUs).
+gRPC service (fault injection on the admin socket, its kinds on both; FAILED_PRECONDITION on real GPUs).
 
 The simulated node's files are what the real readers read in place of the host's (healthd/host/view.py): the sysfs
 tree of the scenario's PCIe layout and the driver's device tables, written at start like the hardware a real node
@@ -78,12 +78,16 @@ class SimulationComponent(ComponentBase):
     name = "simulation"
 
     def __init__(self, backend: Backend, host: HostView) -> None:
-        self._service = Service(SERVICE_NAME, SimulationService(backend.injector), add_simulation)
+        injector = backend.injector
+        self._services = (
+            Service(SERVICE_NAME, SimulationService(injector, writable=False), add_simulation),
+            Service(SERVICE_NAME, SimulationService(injector, writable=True), add_simulation, admin=True),
+        )
         files = host.simulated
         self.machine = SimulatedMachine(backend, files) if isinstance(backend, SimulatedBackend) and files else None
 
     def services(self) -> Sequence[Service]:
-        return (self._service,)
+        return self._services
 
     async def start(self) -> None:
         if self.machine is not None:

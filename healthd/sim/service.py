@@ -17,7 +17,7 @@ from exporter.backends.protocol import FaultInjector, UnknownGpuError
 from exporter.backends.simulated.fault_docs import FAULT_DOCS
 from healthd.api.v1 import simulation_pb2 as pb
 from healthd.api.v1 import simulation_pb2_grpc as pb_grpc
-from healthd.rpc.errors import failed_precondition, from_invalid_field, invalid_argument, not_found
+from healthd.rpc.errors import failed_precondition, failure, from_invalid_field, invalid_argument, not_found
 from healthd.rpc.validation import InvalidField, check_ascii_token, parse_ascii_uint, quote
 
 MAX_PARAMS = 16
@@ -97,8 +97,23 @@ def fault_kind_pb(kind: str, params: frozenset[str]) -> pb.FaultKind:
 
 
 class SimulationService(pb_grpc.SimulationServicer):
-    def __init__(self, injector: FaultInjector | None) -> None:
+    """One instance per socket: ``writable`` (InjectFault, ClearFaults) only on the admin socket.
+
+    An injected XID 79 or lost card raises a real fault, a replace_node hook call included, so changing the
+    simulated node is for whoever may change partitions, not for every reader of the monitoring socket or the
+    mTLS listener. Listing the fault kinds is a read, served everywhere."""
+
+    def __init__(self, injector: FaultInjector | None, *, writable: bool = True) -> None:
         self._injector = injector
+        self._writable = writable
+
+    def _require_write(self, what: str) -> None:
+        if not self._writable:
+            raise failure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "READ_ONLY_SOCKET",
+                f"{what} changes the simulated node: use the admin socket (this socket serves reads only)",
+            )
 
     def _require_injector(self) -> FaultInjector:
         if self._injector is None:
@@ -112,6 +127,7 @@ class SimulationService(pb_grpc.SimulationServicer):
         request: pb.InjectFaultRequest,
         context: grpc.aio.ServicerContext[pb.InjectFaultRequest, pb.InjectFaultResponse],
     ) -> pb.InjectFaultResponse:
+        self._require_write("InjectFault")
         injector = self._require_injector()
         kinds = injector.kinds
         try:
@@ -134,6 +150,7 @@ class SimulationService(pb_grpc.SimulationServicer):
         request: pb.ClearFaultsRequest,
         context: grpc.aio.ServicerContext[pb.ClearFaultsRequest, pb.ClearFaultsResponse],
     ) -> pb.ClearFaultsResponse:
+        self._require_write("ClearFaults")
         injector = self._require_injector()
         gpu = request.gpu if request.HasField("gpu") else None
         try:

@@ -20,8 +20,10 @@ namespaces, the tests skip with the reason; with XPU_DEB set (CI) missing tools 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,8 +85,24 @@ def binds(assets: Path) -> list[tuple[Path, str]]:
 
 @pytest.fixture
 def node(tree: Path, assets: Path, tmp_path: Path) -> Iterator[nspawn.Booted]:
-    with nspawn.booted(tree, binds(assets), tmp_path / "console.log") as container:
+    """The container, booted while the host holds the daemon's port, as it does while ``./dev run`` is up: the
+    installed daemon must bind :9410 in a network of its own."""
+    with host_holds_port(9410), nspawn.booted(tree, binds(assets), tmp_path / "console.log") as container:
         yield container
+
+
+@contextlib.contextmanager
+def host_holds_port(port: int) -> Iterator[None]:
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.bind(("0.0.0.0", port))
+        holder.listen(1)
+    except OSError:  # already held (a daemon of the developer's own, say): the same situation
+        pass
+    try:
+        yield
+    finally:
+        holder.close()
 
 
 def show(c: nspawn.Booted, prop: str, unit: str = UNIT) -> str:

@@ -3,7 +3,8 @@
 The tree is packaging/debian_tree.py's (debootstrapped once and cached; the container image is built from the same
 tree). Each boot runs on a throwaway overlay (``--volatile=overlay``), so the cached tree stays pristine. Commands run
 inside through ``nsenter`` into the container's namespaces. Where the host's PID 1 is not systemd, nspawn gets
-``--keep-unit --register=no`` (no machined, no scope unit to ask for).
+``--keep-unit --register=no`` (no machined, no scope unit to ask for). A booted container has a network namespace of
+its own (``--private-network``, loopback only): its daemon binds :9410 whatever the host runs (``./dev run``, say).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Booted:
     def __init__(self, tree: Path, binds: Sequence[tuple[Path, str]], log: Path) -> None:
         self.machine = f"xpu-{secrets.token_hex(4)}"
         self.log = log
-        command = [*nspawn_base(tree, self.machine, binds), "--boot", "--console=pipe"]
+        command = [*nspawn_base(tree, self.machine, binds), "--boot", "--console=pipe", "--private-network"]
         self._log_file = open(log, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT)
         self.leader = self._find_leader(timeout=60)

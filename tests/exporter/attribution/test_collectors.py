@@ -283,3 +283,28 @@ def test_allocation_for_a_device_of_another_node_counts_as_unmatched(node: Node)
     s = node.cycle()
     assert one(s, "xpu_kubelet_pod_resources_unmatched_devices") == 1.0
     assert one(s, "xpu_pod_gpu_allocated", device_id="nvidia3", uuid=node.uuid(3)) == 1.0
+
+
+def test_a_cgroup_named_after_another_pods_container_keeps_its_own_pod(node: Node) -> None:
+    """A tenant who can write its own cgroup makes a child named after another pod's container (that id is visible
+    to anyone who can read pods). The pod UID of kubelet's slice above it decides: the process stays its pod's."""
+    node.backend.inject(
+        "process_start",
+        5,
+        {"pid": "70002", "name": "trainer", "pod": "ft-job-0", "namespace": "team-a", "container": "w"},
+    )
+    s = node.cycle()
+    (victim,) = pick(s, "xpu_process_gpu_memory_used_bytes", pod="vllm-code-0")
+    victim_cgroup = (node.sim.proc_root / dict(victim)["pid"] / "cgroup").read_text().strip()
+    victim_id = victim_cgroup.rsplit("cri-containerd-", 1)[1].removesuffix(".scope")
+    cgroup = node.sim.proc_root / "70002" / "cgroup"
+    own = cgroup.read_text().strip()
+    assert own.startswith("0::/kubepods") and victim_id not in own
+    cgroup.write_text(f"{own}/cri-containerd-{victim_id}.scope\n")
+    stat = node.sim.proc_root / "70002" / "stat"  # a new start time: the resolver reads the process again
+    fields = stat.read_text().split()
+    fields[21] = str(int(fields[21]) + 1)
+    stat.write_text(" ".join(fields) + "\n")
+    s = node.cycle()
+    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="70002", pod="ft-job-0", namespace="team-a", container="w")
+    assert one(s, "xpu_pod_gpu_memory_used_bytes", pod="vllm-code-0") == 98304 * 2**20  # only its own process

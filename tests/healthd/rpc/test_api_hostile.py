@@ -301,14 +301,14 @@ RPCS = [
         examples=200,
         sockets=("main",),
     ),
-    Rpc(S + "InjectFault", inject_fault, examples=200, sockets=("main",)),
+    Rpc(S + "InjectFault", inject_fault, examples=200, sockets=("admin",)),
     Rpc(
         S + "ClearFaults",
         lambda n: st.one_of(
             st.just(spb.ClearFaultsRequest()), st.builds(lambda g: spb.ClearFaultsRequest(gpu=g), UINT32)
         ),
         examples=60,
-        sockets=("main",),
+        sockets=("admin",),
     ),
     Rpc(S + "ListFaultKinds", lambda n: st.just(spb.ListFaultKindsRequest()), examples=40, sockets=("main",)),
     Rpc(

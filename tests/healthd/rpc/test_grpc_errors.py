@@ -167,7 +167,7 @@ def test_huge_inputs_get_short_errors_not_resource_exhausted(main: grpc.Channel,
         assert code == grpc.StatusCode.INVALID_ARGUMENT, message
         assert len(message) < 300
         assert details["BadRequest"].field_violations[0].field == field
-    inject = spb_grpc.SimulationStub(main).InjectFault  # type: ignore[no-untyped-call]
+    inject = spb_grpc.SimulationStub(admin).InjectFault  # type: ignore[no-untyped-call]
     for params in ({"code": huge}, {"code": "٣"}, {"code": "1" * 5000}, {huge: "1"}):
         code, message, _ = failure(inject, spb.InjectFaultRequest(kind="xid", gpu=0, params=params))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -187,7 +187,7 @@ def test_not_found_names_the_resource(main: grpc.Channel, admin: grpc.Channel) -
     code, message, details = failure(read.GetCapacity, ppb.GetCapacityRequest(gpu="42"))
     assert code == grpc.StatusCode.NOT_FOUND and "no GPU 42" in message
     assert (details["ResourceInfo"].resource_type, details["ResourceInfo"].resource_name) == ("gpu", "42")
-    inject = spb_grpc.SimulationStub(main).InjectFault  # type: ignore[no-untyped-call]
+    inject = spb_grpc.SimulationStub(admin).InjectFault  # type: ignore[no-untyped-call]
     code, message, details = failure(inject, spb.InjectFaultRequest(kind="xid", gpu=42, params={"code": "79"}))
     assert code == grpc.StatusCode.NOT_FOUND and "gpu 42 does not exist" in message
     assert details["ResourceInfo"].resource_type == "gpu"
@@ -202,6 +202,16 @@ def test_failed_precondition_and_permission_carry_a_reason(main: grpc.Channel, a
     code, _, details = failure(read.SetCardMode, ppb.SetCardModeRequest(gpu="0", mode=ppb.PARTITION_MODE_TDM))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     assert details["ErrorInfo"].reason == "READ_ONLY_SOCKET"
+    # the simulated node is changed on the admin socket only: an injected XID 79 raises a real replace_node fault
+    sim = spb_grpc.SimulationStub(main)  # type: ignore[no-untyped-call]
+    for call, request in (
+        (sim.InjectFault, spb.InjectFaultRequest(kind="xid", gpu=2, params={"code": "79"})),
+        (sim.ClearFaults, spb.ClearFaultsRequest()),
+    ):
+        code, message, details = failure(call, request)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, message
+        assert details["ErrorInfo"].reason == "READ_ONLY_SOCKET" and "admin socket" in message
+    assert sim.ListFaultKinds(spb.ListFaultKindsRequest(), timeout=10).kinds  # a read: served here
 
 
 METHODS = [

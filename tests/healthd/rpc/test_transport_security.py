@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.http import Health, MetricsHTTPServer
 from exporter.webconfig import WebConfigError, load_web_config
+from healthd.api.v1 import simulation_pb2 as spb
+from healthd.api.v1 import simulation_pb2_grpc as spb_grpc
 from healthd.daemon.config import ConfigError
 from healthd.rpc.server import GrpcServer
 from healthd.rpc.transport import TransportSettings, load_grpc_tls
@@ -316,6 +318,16 @@ def test_daemon_serves_tls_metrics_and_mtls_grpc_and_rereads_web_config_on_sighu
                 with pytest.raises(grpc.RpcError) as err:
                     health_check(grpc_port, creds)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE, name
+            # any client certificate of the CA reaches the TCP listener: it reads, it does not change the node
+            with grpc.secure_channel(f"localhost:{grpc_port}", good) as channel:
+                sim = spb_grpc.SimulationStub(channel)  # type: ignore[no-untyped-call]
+                for call, request in (
+                    (sim.InjectFault, spb.InjectFaultRequest(kind="hang", gpu=0, params={"call": "*"})),
+                    (sim.ClearFaults, spb.ClearFaultsRequest()),
+                ):
+                    with pytest.raises(grpc.RpcError) as err:
+                        call(request, timeout=10)
+                    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
             xpuctl = [sys.executable, "-m", "healthd.cli", "--socket", f"localhost:{grpc_port}"]
             tls = ["--tls-ca", str(certs["ca.crt"]), "--tls-cert", str(certs["client.crt"])]
             kinds = subprocess.run([*xpuctl, *tls, "--tls-key", str(certs["client.key"]), "simulate", "kinds"],
