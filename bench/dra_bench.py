@@ -100,7 +100,7 @@ def measure(rounds: int, work_dir: Path) -> Samples:
             timed_prepare(alloc.mig_partition(f"mig-{i}", "bench", NODE, f"gpu-6-mig-1g-18gb-{i % 7}", POD),
                           s.prepare_mig)  # fmt: skip
         with grpc.insecure_channel(st.daemon.address) as main, grpc.insecure_channel(st.admin) as admin:
-            simulation = spb_grpc.SimulationStub(main)  # type: ignore[no-untyped-call]
+            simulation = spb_grpc.SimulationStub(admin)  # type: ignore[no-untyped-call]  # inject: admin only
             health = hpb_grpc.HealthStub(main)  # type: ignore[no-untyped-call]
             health_admin = hpb_grpc.HealthStub(admin)  # type: ignore[no-untyped-call]
             for i in range(rounds):
