@@ -11,6 +11,7 @@ concurrent prepares; a daemon restart; the ``unmonitored`` taint while the daemo
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -147,7 +148,8 @@ def test_fault_taints_the_card_from_the_stream_and_resolving_removes_it(tmp_path
         wait_until(
             lambda: {d.device.device_name: d.health for d in health[-1].devices}["gpu-3"] == 2, "gpu-3 UNHEALTHY"
         )
-        fault_id = stack.daemon.xpuctl("faults", "list", "--state", "active", "--gpu", "3").stdout.split()[0]
+        listed = stack.daemon.xpuctl("faults", "list", "--state", "active", "--gpu", "3", "--json")
+        (fault_id,) = [f["id"] for f in json.loads(listed.stdout)["faults"]]
         resolved = stack.daemon.xpuctl("faults", "resolve", fault_id, "--reason", "reseated")
         assert resolved.returncode == 0, resolved.stderr
         wait_until(lambda: not stack.devices()["gpu-3"].get("taints"), "gpu-3 untainted", 20)
