@@ -143,7 +143,7 @@ def measure(count: int, source: str = "xid", gpus: int = 8) -> Samples:
     hook_proc = subprocess.Popen(
         [sys.executable, "-m", "healthd.cli", "hook", "serve", "--listen", f"unix:{hook_sock}",
          "--exec", f'echo "$XPU_FAULT_ID $(date +%s%N)" >> {ran}', "--state", str(tmp / "hook.sqlite"),
-         "--log-level", "error"],
+         "--dedup-window", "0", "--log-level", "error"],  # every XID a run: the bench times each one
         env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )  # fmt: skip
     min_action = "replace_node" if source == "engine" else "restart_app"

@@ -35,15 +35,16 @@ STAGE=$WORK/root
 VENV=$STAGE$PREFIX
 log() { echo "build-deb: $*" >&2; }
 
-# 1. the virtualenv, built in the staging root and made path-independent below
+# 1. the virtualenv, built in the staging root and made path-independent below; the dra extra (the Kubernetes
+# client) because the package ships xpu-dra-driver too
 log "virtualenv with $("$PYTHON" --version) in $VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade "pip>=23"
 log "wheels for $("$VENV/bin/python" -c 'import sys; print(sys.implementation.cache_tag)') (the project and every dependency)"
 # --no-binary: systemd-python has no portable wheel, so any binary one is someone else's local build
-"$VENV/bin/python" -m pip wheel -q --no-binary systemd-python -w "$WORK/wheels" "$ROOT"
+"$VENV/bin/python" -m pip wheel -q --no-binary systemd-python -w "$WORK/wheels" "$ROOT[dra]"
 log "installing the wheels"
-"$VENV/bin/python" -m pip install -q --no-compile --no-index --find-links "$WORK/wheels" xpu-runtime-kit
+"$VENV/bin/python" -m pip install -q --no-compile --no-index --find-links "$WORK/wheels" "xpu-runtime-kit[dra]"
 "$VENV/bin/python" -m pip uninstall -q -y pip setuptools wheel >/dev/null 2>&1 || true
 rm -f "$VENV"/bin/activate* "$VENV"/bin/pip* "$VENV"/bin/Activate.ps1
 # compiled extensions: no symbols (lintian unstripped-binary-or-object), and no search path outside themselves

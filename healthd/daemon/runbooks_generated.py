@@ -9,8 +9,8 @@ ALERT_RUNBOOKS: tuple[tuple[str, str, str, str], ...] = (
     (
         "XpuGpuFallenOffBus",
         "Take the node out of service and bring in a standby (the hook does this for action=replace_node). Then, out of service: check `dmesg` for XID 79 and PCIe AER errors, reseat or power-cycle the node; if the card is lost again after a cold boot, open an RMA for the card or the baseboard.",
-        "",
-        "",
+        "gpu_lost",
+        "replace_node",
     ),
     (
         "XpuGpuMissing",
@@ -63,8 +63,8 @@ ALERT_RUNBOOKS: tuple[tuple[str, str, str, str], ...] = (
     (
         "XpuGpuRowRemapFailure",
         "Replace the node with a standby, run the NVIDIA field diagnostic on the card out of service and open an RMA.",
-        "",
-        "",
+        "ecc_row_remap_failure",
+        "replace_node",
     ),
     (
         "XpuGpuMemoryLeak",

@@ -33,7 +33,13 @@ def test_injected_faults_reach_the_fault_list_and_metrics(tmp_path: Path) -> Non
         faults = wait_until(listed, "the three faults listed", 20, step=0.1)
         assert faults["xid_79"]["gpu"]["index"] == 3 and faults["xid_79"]["severity"] == "fatal"
         assert faults["xid_13"]["action"] == "restart_app", "an application XID never asks for more than an app restart"
-        text = d.metrics()
+
+        # /metrics is rendered when a sample is published: the faults show from the next one on
+        def rendered() -> str | None:
+            text = d.metrics()
+            return text if value(text, "xpu_faults_active", code="nvlink_down") is not None else None
+
+        text = wait_until(rendered, "the faults on /metrics", 20, step=0.1)
         assert value(text, "xpu_xid_errors_total", gpu="3", xid="79") == 1
         assert value(text, "xpu_faults_active", code="nvlink_down") == 1
         health = d.xpuctl("health")
