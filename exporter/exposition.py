@@ -244,7 +244,7 @@ class ExpositionCache:
             ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
         }
         self._render_lock = threading.Lock()  # one render at a time
-        self.renders = {"publish": 0, "request": 0}  # how often each side rendered (benchmarks, tests)
+        self.renders = {"publish": 0, "request": 0}  # how often each side rendered (the daemon, benchmarks, tests)
 
     # ----- the sampler side --------------------------------------------------------------------------------
 

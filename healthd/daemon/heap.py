@@ -14,14 +14,18 @@ Both are process-wide settings, made once by ``xpu-healthd``'s ``main`` (never b
   64-card node ran about 85 young and 8 middle collections and most of a full one per cycle (a quarter of the
   daemon's CPU), all finding nothing. The collector still runs once that many objects are held: cyclic garbage
   is bounded by it (a few MiB), not left for ever.
+- ``malloc_trimmer`` after each render of /metrics. A render's bodies and joined text (about 13 MiB at 64 busy
+  cards, 1.5 at 8) are freed when it is done, but glibc keeps the pages for the next allocation; ``malloc_trim(0)``
+  gives the free ones back. It costs 0.35 ms at 8 cards and 1.5 at 64 (a few % of the render) and lowers the
+  resident memory between renders by about 8 MiB at 64 busy cards; the peak during a render is unchanged.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
+from collections.abc import Callable
 
 import structlog
 
@@ -36,16 +40,29 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     """``mallopt(M_ARENA_MAX, arenas)`` on glibc, unless ``MALLOC_ARENA_MAX`` is set; whether it was applied."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library the interpreter runs on (the process's own symbols: no search for a file)."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def malloc_trimmer() -> Callable[[], bool] | None:
+    """A call of glibc's ``malloc_trim(0)`` (free heap pages back to the OS; it says whether any were), or None
+    where the C library has none."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: bool(trim(0))
 
 
 def settle_heap(young_threshold: int = YOUNG_THRESHOLD) -> int:

@@ -12,10 +12,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
 
+from exporter.exposition import ExpositionCache
+from healthd.daemon.metrics import publisher
 from tests.support.servicehelpers import running_daemon
 
 REPO = Path(__file__).resolve().parents[3]
+SNAPSHOT = None  # a registry source renders whatever it is handed
 
 
 def run_python(code: str, **env: str) -> str:
@@ -78,3 +82,38 @@ def test_the_daemon_settles_its_heap_once_it_is_ready(tmp_path: Path) -> None:
         assert settled["frozen"] > 10_000  # modules, classes and the daemon's components
         assert settled["threshold"][0] == 10_000
         assert daemon.stop() == 0
+
+
+def test_publish_trims_the_heap_only_after_a_render() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    Gauge("xpu_test_value", "A value.", registry=registry).set(1.0)
+    exposition = ExpositionCache(registry, max_age=10.0, interval=5.0)
+    trims: list[int] = []
+    publish = publisher(exposition, lambda: trims.append(1))
+    publish(SNAPSHOT)
+    assert trims == [], "nothing was rendered (no one scrapes): nothing to trim"
+    exposition.payload("text/plain", "gzip", client="10.0.0.1")  # a scraper: the next publish renders for it
+    publish(SNAPSHOT)
+    assert exposition.renders["publish"] == 1 and trims == [1]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_the_trimmer_gives_freed_heap_pages_back() -> None:
+    out = run_python(
+        """
+        from healthd.daemon.heap import malloc_trimmer
+
+        def rss():
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+
+        trim = malloc_trimmer()
+        chunks = [bytes(2000) for _ in range(20_000)]  # 40 MB of malloc heap (not Python's small-object arenas)
+        pin = bytes(2000)  # above them: glibc cannot shrink the heap's top by itself
+        del chunks
+        before = rss()
+        trimmed = trim()
+        print(trimmed, (before - rss()) // 1024)
+        """
+    )
+    trimmed, freed_mib = out.split()
+    assert trimmed == "True" and int(freed_mib) >= 20, out
