@@ -1,6 +1,6 @@
 """How the daemon's process holds its memory: glibc's malloc arenas and Python's cyclic garbage collector.
 
-Both are process-wide settings, made once by ``xpu-healthd``'s ``main`` (never by a library import or a test):
+Process-wide settings, made by ``xpu-healthd``'s ``main`` and its /metrics publisher (never by a library import):
 
 - ``limit_malloc_arenas`` before any thread starts. glibc gives each thread that allocates while another holds
   the main arena an arena of its own, up to 8 per core; the daemon's 30-90 threads (sampler lanes, gRPC, the
@@ -10,14 +10,14 @@ Both are process-wide settings, made once by ``xpu-healthd``'s ``main`` (never b
   40,000 objects on 8 cards, 65,000 on 64) lives as long as the process, so it is moved out of the collector's
   generations (``gc.freeze``) and no full collection walks it again. The first generation's threshold is raised
   from 700 to ``YOUNG_THRESHOLD`` net allocations of container objects: a sampling cycle's Snapshot, attribution
-  records and render lines live one cycle and are freed by their reference counts, so at the default threshold a
-  64-card node ran about 85 young and 8 middle collections and most of a full one per cycle (a quarter of the
-  daemon's CPU), all finding nothing. The collector still runs once that many objects are held: cyclic garbage
-  is bounded by it (a few MiB), not left for ever.
+  records and render lines live one cycle and are freed by their reference counts, so at the default threshold
+  a 64-card node ran about 85 young and 8 middle collections and most of a full one per cycle, all finding
+  nothing (a quarter of a cycle's CPU in an in-process trial). The collector still runs once that many objects
+  are held: cyclic garbage stays bounded by it (a few MiB), not left for ever.
 - ``malloc_trimmer`` after each render of /metrics. A render's bodies and joined text (about 13 MiB at 64 busy
   cards, 1.5 at 8) are freed when it is done, but glibc keeps the pages for the next allocation; ``malloc_trim(0)``
   gives the free ones back. It costs 0.35 ms at 8 cards and 1.5 at 64 (a few % of the render) and lowers the
-  resident memory between renders by about 8 MiB at 64 busy cards; the peak during a render is unchanged.
+  resident memory between renders by about 8 MiB at 64 busy cards (docs/benchmarks.md).
 """
 
 from __future__ import annotations
