@@ -42,7 +42,7 @@ from exporter.snapshot import Snapshot
 
 HOT_SECONDS = 120.0  # a scraper not heard from in this long (and in 3 of its periods) is forgotten
 MAX_SCRAPERS = 16  # (client host, format) pairs whose rhythm is kept; beyond that encoded per scrape
-GZIP_LEVEL = 5
+GZIP_LEVEL = 1  # 0.3x the CPU of level 5 on a 4 MiB body, for 18 % more bytes
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 SETTLE_REQUESTS = 2  # requests in a row the rhythm foresaw before publish renders only for expected requests
@@ -244,7 +244,7 @@ class ExpositionCache:
             ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
         }
         self._render_lock = threading.Lock()  # one render at a time
-        self.renders = {"publish": 0, "request": 0}  # how often each side rendered (benchmarks, tests)
+        self.renders = {"publish": 0, "request": 0}  # how often each side rendered (the daemon, benchmarks, tests)
 
     # ----- the sampler side --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from exporter.http import BindError
 from exporter.version import VERSION
 from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
+from healthd.daemon.heap import limit_malloc_arenas, settle_heap
 from healthd.daemon.instance import claim_node, lock_state_dir
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
 from healthd.daemon.startup import (
@@ -85,7 +86,10 @@ async def run(
     loop_hooks: Sequence[LoopHook] = (),
 ) -> int:
     daemon = Daemon(config, allow_fallback=allow_fallback)  # the backend and host are chosen here, once
-    return await Lifecycle(daemon, daemon.notifier, reload_config=reload_config, loop_hooks=loop_hooks).serve()
+    lifecycle = Lifecycle(
+        daemon, daemon.notifier, reload_config=reload_config, loop_hooks=loop_hooks, on_ready=settle_heap
+    )
+    return await lifecycle.serve()
 
 
 def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = ()) -> int:
@@ -125,6 +129,7 @@ def main(argv: Sequence[str] | None = None, *, loop_hooks: Sequence[LoopHook] = 
 def _run_locked(args: argparse.Namespace, config: Config, names: OptionNames, loop_hooks: Sequence[LoopHook]) -> int:
     restrict_state(config.state_dir)
     configure_logging(config.log_level)
+    limit_malloc_arenas()  # before any thread allocates: see healthd/daemon/heap.py
     try:
         return asyncio.run(
             run(

@@ -13,7 +13,6 @@ rest of the render goes out.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -29,10 +28,11 @@ from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("collectors")
 
-# A series' line as the last render left it: (prefix 'name{labels} ', value, the whole line), by its label values
-# (or (label names, label values)), per family. Only strings and floats: the garbage collector stops tracking such
-# tuples and dicts, so a large node's kept lines cost it no time.
-_Line = tuple[str, float, str]
+# A series' line as the last render left it: (the whole line 'name{labels} value\n', its value, the length of its
+# prefix 'name{labels} '), by its label values (or (label names, label values)), per family. The prefix is not kept
+# apart: a changed value is written after line[:length]. Only strings and numbers: the garbage collector stops
+# tracking such tuples and dicts, so a large node's kept lines cost it no time.
+_Line = tuple[str, float, int]
 _Lines = dict[Family, dict[tuple[object, ...], _Line]]
 _NO_LINES: dict[tuple[object, ...], _Line] = {}  # never written to
 
@@ -76,12 +76,14 @@ class _BlockRows:
         old_lines, lines, parts = state
         line = old_lines.get(key)
         if line is None:
-            line = (_prefix(family, names, values), math.nan, "")
-        old = line[1]
-        if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
-            line = (line[0], value, f"{line[0]}{go_float(value)}\n")
+            prefix = _prefix(family, names, values)
+            line = (f"{prefix}{go_float(value)}\n", value, len(prefix))
+        else:
+            old = line[1]
+            if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
+                line = (f"{line[0][: line[2]]}{go_float(value)}\n", value, line[2])
         lines[key] = line
-        parts.append(line[2])
+        parts.append(line[0])
 
     def finish(self) -> _Block:
         return _Block(self.version, {f: "".join(p) for f, p in self.parts.items()}, self.lines)

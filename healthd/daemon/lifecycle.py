@@ -61,8 +61,10 @@ class Lifecycle:
         reload_config: Callable[[], Config] | None = None,
         watchdog_seconds: float | None = None,
         loop_hooks: Sequence[LoopHook] = (),
+        on_ready: Callable[[], object] | None = None,
     ) -> None:
         self._daemon = daemon
+        self._on_ready = on_ready
         self._loop_hooks = tuple(loop_hooks)
         self._notifier = notifier
         self._reload_config = reload_config
@@ -87,6 +89,8 @@ class Lifecycle:
         if not self._stop.is_set():
             self._notifier.ready(daemon.status_line())
             log.info("ready", notify=self._notifier.via, watchdog_seconds=self._watchdog_seconds)
+            if self._on_ready is not None:  # the process-wide settings of xpu-healthd's main (healthd/daemon/heap.py)
+                self._on_ready()
             # the same limit as "samples are stale" in the node status: one rule for both
             progress = SamplerProgress(daemon.latest, daemon.stale_seconds)
             watchdog = Watchdog(self._notifier, self._watchdog_seconds, progress, daemon.status_line)

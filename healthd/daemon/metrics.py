@@ -19,6 +19,7 @@ from exporter.version import VERSION
 from exporter.webconfig import WebConfig
 from healthd.component import ComponentBase
 from healthd.daemon.config import Config
+from healthd.daemon.heap import malloc_trimmer
 from healthd.daemon.runbooks import alert_runbooks
 from healthd.daemon.status_hook import HookView
 from healthd.faults.settings import HookSettings
@@ -113,5 +114,17 @@ def build(node: Node) -> MetricsEndpoint:
             2 * sampling.interval_seconds, sampling.interval_seconds + 2 * sampling.call_deadline_seconds
         ),
     )
-    node.sampler.subscribe(endpoint.exposition.publish, "exposition")
+    node.sampler.subscribe(publisher(endpoint.exposition, malloc_trimmer()), "exposition")
     return endpoint
+
+
+def publisher(exposition: ExpositionCache, trim: Callable[[], object] | None) -> Callable[[Snapshot | None], None]:
+    """The sampler's subscriber: publish, then give the render's freed pages back (healthd/daemon/heap.py)."""
+
+    def publish(snapshot: Snapshot | None) -> None:
+        renders = exposition.renders["publish"]
+        exposition.publish(snapshot)
+        if trim is not None and exposition.renders["publish"] != renders:
+            trim()
+
+    return publish

@@ -1,0 +1,119 @@
+"""The daemon's process-wide memory settings (healthd/daemon/heap.py): the start-up heap frozen at READY, cyclic
+garbage still collected afterwards, two malloc arenas unless the operator says otherwise. Each check runs in a
+fresh interpreter: the settings are process-wide and must not leak into the test process."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from exporter.exposition import ExpositionCache
+from healthd.daemon.metrics import publisher
+from tests.support.servicehelpers import running_daemon
+
+REPO = Path(__file__).resolve().parents[3]
+SNAPSHOT = None  # a registry source renders whatever it is handed
+
+
+def run_python(code: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]  # the last line: structlog may print before it
+
+
+def test_settle_heap_freezes_what_lives_and_still_collects_cycles_made_later() -> None:
+    out = run_python(
+        """
+        import gc, weakref
+        from healthd.daemon.heap import settle_heap
+
+        class Node:
+            pass
+
+        kept = [Node() for _ in range(100)]
+        frozen = settle_heap(young_threshold=1000)
+        assert frozen >= 100 and gc.get_freeze_count() == frozen
+        assert gc.get_threshold()[0] == 1000
+        assert not any(o is kept for o in gc.get_objects()), "a frozen list is still in a generation"
+
+        collected = []
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle: reference counts alone never free it
+        weakref.finalize(a, collected.append, "cycle")
+        del a, b
+        held = [[] for _ in range(3000)]  # young container objects past the threshold: the collector runs
+        print(collected, len(held))
+        """
+    )
+    assert out == "['cycle'] 3000"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_ARENA_MAX) is glibc's")
+def test_malloc_arenas_are_limited_unless_the_operator_set_them() -> None:
+    code = "from healthd.daemon.heap import limit_malloc_arenas; print(limit_malloc_arenas())"
+    assert run_python(code) == "True"
+    assert run_python(code, MALLOC_ARENA_MAX="4") == "False"
+
+
+@pytest.mark.e2e
+def test_the_daemon_settles_its_heap_once_it_is_ready(tmp_path: Path) -> None:
+    args = ["--simulate", "h200x1", "--metrics-listen", "127.0.0.1:0", "--log-level", "debug"]
+    args += ["--grpc-listen", f"unix:{tmp_path}/healthd.sock", "--state-dir", str(tmp_path / "state")]
+    with running_daemon(args, {}) as daemon:
+        settled = daemon.wait_event("heap settled")
+        names = [e.get("event") for e in daemon.events()]
+        assert names.index("ready") < names.index("heap settled")
+        assert settled["frozen"] > 10_000  # modules, classes and the daemon's components
+        assert settled["threshold"][0] == 10_000
+        assert daemon.stop() == 0
+
+
+def test_publish_trims_the_heap_only_after_a_render() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    Gauge("xpu_test_value", "A value.", registry=registry).set(1.0)
+    exposition = ExpositionCache(registry, max_age=10.0, interval=5.0)
+    trims: list[int] = []
+    publish = publisher(exposition, lambda: trims.append(1))
+    publish(SNAPSHOT)
+    assert trims == [], "nothing was rendered (no one scrapes): nothing to trim"
+    exposition.payload("text/plain", "gzip", client="10.0.0.1")  # a scraper: the next publish renders for it
+    publish(SNAPSHOT)
+    assert exposition.renders["publish"] == 1 and trims == [1]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_the_trimmer_gives_freed_heap_pages_back() -> None:
+    out = run_python(
+        """
+        from healthd.daemon.heap import malloc_trimmer
+
+        def rss():
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+
+        trim = malloc_trimmer()
+        chunks = [bytes(2000) for _ in range(20_000)]  # 40 MB of malloc heap (not Python's small-object arenas)
+        pin = bytes(2000)  # above them: glibc cannot shrink the heap's top by itself
+        del chunks
+        before = rss()
+        trimmed = trim()
+        print(trimmed, (before - rss()) // 1024)
+        """
+    )
+    trimmed, freed_mib = out.split()
+    assert trimmed == "True" and int(freed_mib) >= 20, out
