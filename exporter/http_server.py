@@ -114,12 +114,13 @@ class BoundedHTTPServer(socketserver.TCPServer):
     request_queue_size = 128  # the listen backlog: a burst of connections waits in the kernel, not refused
 
     def __init__(self, address: tuple[str, int], handler: type[OneRequestHandler]) -> None:
-        super().__init__(address, handler)
-        self._handler = handler
-        self.socket.setblocking(False)
+        # made before TCPServer binds: a failed bind calls server_close(), which closes these too
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        super().__init__(address, handler)
+        self._handler = handler
+        self.socket.setblocking(False)
         self._returned: queue.SimpleQueue[_Connection] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[_Connection | _Stop] = queue.SimpleQueue()
         self._heads: dict[socket.socket, bytes] = {}
