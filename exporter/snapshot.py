@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.backends.lanes import CallCounters
+from exporter.backends.call_counters import CallCounters
 from exporter.backends.types import (
     DeviceInfo,
     DeviceProfiling,

@@ -26,15 +26,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 import structlog
 
+from exporter.backends.call_counters import CallCounters, Counters
 from exporter.backends.errors import BackendError
 from exporter.backends.protocol import Backend
 
@@ -117,47 +117,10 @@ def _fail(job: _Job, error: BaseException) -> None:
     job.outcome.set_exception(error)
 
 
-@dataclass(frozen=True, slots=True)
-class CallCounters:
-    """Running totals of backend calls by call name (backend method) since the daemon started."""
-
-    calls: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (call, code)
-    timeouts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
-        self._errors: Counter[tuple[str, str]] = Counter()
-        self._timeouts: Counter[str] = Counter()
-
-    def call(self, name: str) -> None:
-        with self._lock:
-            self._calls[name] += 1
-
-    def error(self, name: str, code: str) -> None:
-        with self._lock:
-            self._errors[(name, code)] += 1
-
-    def timeout(self, name: str) -> None:
-        with self._lock:
-            self._timeouts[name] += 1
-
-    def freeze(self) -> CallCounters:
-        with self._lock:
-            return CallCounters(
-                calls=MappingProxyType(dict(self._calls)),
-                errors=MappingProxyType(dict(self._errors)),
-                timeouts=MappingProxyType(dict(self._timeouts)),
-            )
-
-
 class Lane:
     """One thread that runs the driver calls of one scope, in order, and knows when it is stuck."""
 
-    def __init__(self, scope: Scope, counters: _Counters, monotonic: Callable[[], float]) -> None:
+    def __init__(self, scope: Scope, counters: Counters, monotonic: Callable[[], float]) -> None:
         self.scope = scope
         self._counters = counters
         self._monotonic = monotonic
@@ -356,7 +319,7 @@ class DeviceAccess:
         self.backend = backend
         self.deadlines = deadlines
         self._monotonic = monotonic
-        self._counters = _Counters()
+        self._counters = Counters()
         self._lanes: dict[Scope, Lane] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -457,7 +420,6 @@ def _consume(future: asyncio.Future[Any]) -> None:
 __all__ = [
     "EVENTS",
     "NODE",
-    "CallCounters",
     "CallTimeoutError",
     "CardHungError",
     "Deadlines",

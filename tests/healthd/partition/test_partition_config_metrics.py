@@ -95,7 +95,7 @@ def test_metrics_exposition_is_valid(make_node: Callable[[str], Node], tmp_path:
 
 
 def _snapshot() -> object:
-    from exporter.backends.lanes import CallCounters
+    from exporter.backends.call_counters import CallCounters
     from exporter.snapshot import Snapshot
 
     return Snapshot(
