@@ -24,7 +24,7 @@ from healthd.api.v1 import partitions_pb2 as ppb
 from tests.kubernetes.stack import cdi_names
 from tests.support import dra_allocations as alloc
 from tests.support.dra_stack import DRIVER, NODE, DraStack, dra_stack
-from tests.support.kubelet_dra import Claim, PrepareError
+from tests.support.kubelet_dra import Claim, Plugin, PrepareError
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -165,6 +165,13 @@ def test_noexecute_is_configurable(tmp_path: Path) -> None:
         assert taint[0]["effect"] == "NoExecute" and taint[0]["timeAdded"]
 
 
+def new_instance(stack: DraStack, crashed: Plugin) -> bool:
+    """True once kubelet has registered a plugin instance other than ``crashed`` (its socket was re-created)."""
+    stack.kubelet.register()
+    plugin = stack.kubelet.plugins.get(DRIVER)
+    return plugin is not None and plugin.stamp != crashed.stamp
+
+
 def test_kill9_between_prepare_and_unprepare_loses_and_leaks_nothing(tmp_path: Path) -> None:
     with dra_stack(tmp_path, driver_config=FAST, modes=MODES) as stack:
         ready(stack, "gpu-1-tdm", "gpu-6-mig-3g-71gb-4")
@@ -175,10 +182,13 @@ def test_kill9_between_prepare_and_unprepare_loses_and_leaks_nothing(tmp_path: P
         partitions = {p.id for p in stack.partitions()}
         assert len(partitions) == 3
 
+        crashed = stack.kubelet.plugins[DRIVER]
         stack.driver.kill9()
         stack.api.delete("resourceclaims", "d", namespace="ml")  # the claim goes while the driver is down
         stack.driver.start()
-        wait_until(lambda: DRIVER in stack.kubelet.register() and stack.kubelet.plugins[DRIVER], "re-registered", 30)
+        # kill -9 leaves the registration socket behind, so kubelet keeps the crashed instance until the new one
+        # replaces that socket; only then does it dial the new endpoint (calls before that fail UNAVAILABLE)
+        wait_until(lambda: new_instance(stack, crashed), "the restarted driver re-registered", 30)
         wait_until(lambda: len(stack.partitions()) == 2, "the deleted claim's partition reclaimed on start", 30)
         assert {p.id for p in stack.partitions()} < partitions  # the others kept: the same partitions
         after = stack.kubelet.prepare(DRIVER, [kept, mig])
