@@ -20,8 +20,8 @@ import asyncio
 import hashlib
 import math
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 
 import grpc
@@ -78,6 +78,15 @@ def _memory(quantity: str | None, card_bytes: int) -> str:
     value = card_bytes if quantity is None else math.ceil(parse_quantity(quantity))
     mib = -(-value // MIB)
     return f"{mib}MiB"
+
+
+@contextmanager
+def _refusal_as_prepare_error() -> Iterator[None]:
+    """The daemon's refusal of a partition, as the error kubelet shows on the pod."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise PrepareError(f"the daemon refused the partition: {exc.code().name}: {exc.details()}") from None
 
 
 def allocated_here(claim: k.ResourceV1ResourceClaim, node: str) -> list[k.V1DeviceRequestAllocationResult]:
@@ -161,51 +170,29 @@ class Preparer:
         if match := _TDM.fullmatch(result.device):
             card = self._card(int(match.group(1)))
             consumed = result.consumed_capacity or {}
-            partition = await self._create(
-                claim,
-                gpu_uuid=card.gpu_uuid,
-                request_id=rid,
-                compute_percent=_compute_percent(consumed.get(names.COMPUTE)),
-                memory=_memory(consumed.get(names.MEMORY), card.memory_total_bytes),
-            )
+            with _refusal_as_prepare_error():
+                partition = await self._daemon.create_for_claim(
+                    claim,
+                    gpu_uuid=card.gpu_uuid,
+                    request_id=rid,
+                    compute_percent=_compute_percent(consumed.get(names.COMPUTE)),
+                    memory=_memory(consumed.get(names.MEMORY), card.memory_total_bytes),
+                )
         elif match := _MIG.fullmatch(result.device):
             card = self._card(int(match.group(1)))
             slug, start = match.group(2), int(match.group(3))
             profile = next((p.profile for p in card.mig_profiles if profile_slug(p.profile) == slug), None)
             if profile is None:
                 raise PrepareError(f"device {result.device}: GPU {card.gpu} has no MIG profile {slug!r} now")
-            partition = await self._create(
-                claim, gpu_uuid=card.gpu_uuid, request_id=rid, mig_profile=profile, mig_placement_start=start
-            )
+            with _refusal_as_prepare_error():
+                partition = await self._daemon.create_for_claim(
+                    claim, gpu_uuid=card.gpu_uuid, request_id=rid, mig_profile=profile, mig_placement_start=start
+                )
         else:
             raise PrepareError(f"device {result.device!r} is not one this driver publishes")
         if partition.state != "ready" or not partition.cdi_device:
             raise PrepareError(f"device {result.device}: partition {partition.id} is {partition.state}, not ready")
         return replace(base, cdi_device_ids=(partition.cdi_device,), partition_id=partition.id)
-
-    async def _create(
-        self,
-        claim: tuple[str, str, str],
-        *,
-        gpu_uuid: str,
-        request_id: str,
-        compute_percent: int = 0,
-        memory: str = "",
-        mig_profile: str = "",
-        mig_placement_start: int | None = None,
-    ) -> partitions_pb2.Partition:
-        try:
-            return await self._daemon.create_for_claim(
-                claim,
-                gpu_uuid=gpu_uuid,
-                request_id=request_id,
-                compute_percent=compute_percent,
-                memory=memory,
-                mig_profile=mig_profile,
-                mig_placement_start=mig_placement_start,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise PrepareError(f"the daemon refused the partition: {exc.code().name}: {exc.details()}") from None
 
     def _card(self, index: int) -> partitions_pb2.CardCapacity:
         card = next((c for c in self._inventory.view.capacity if c.gpu == index), None)
