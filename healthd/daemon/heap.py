@@ -14,6 +14,11 @@ Process-wide settings, made by ``xpu-healthd``'s ``main`` and its /metrics publi
   a 64-card node ran about 85 young and 8 middle collections and most of a full one per cycle, all finding
   nothing (a quarter of a cycle's CPU in an in-process trial). The collector still runs once that many objects
   are held: cyclic garbage stays bounded by it (a few MiB), not left for ever.
+- ``fix_mmap_threshold`` with the arenas. glibc serves an allocation of 128 KiB or more with its own mapping,
+  returned to the system when freed, but raises that threshold to the size of each such block freed (up to 32
+  MiB): after the first renders a 64-card node's bodies and joined text (1-13 MiB) came from the heap, where the
+  blocks allocated between them kept their pages. A set threshold stops the raising. ``MALLOC_MMAP_THRESHOLD_``
+  wins.
 - ``malloc_trimmer`` after each render of /metrics. A render's bodies and joined text (about 13 MiB at 64 busy
   cards, 1.5 at 8) are freed when it is done, but glibc keeps the pages for the next allocation; ``malloc_trim(0)``
   gives the free ones back. It costs 0.35 ms at 8 cards and 1.5 at 64 (a few % of the render) and lowers the
@@ -32,8 +37,10 @@ import structlog
 log = structlog.get_logger("heap")
 
 MALLOC_ARENAS = 2
+MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, kept
 YOUNG_THRESHOLD = 10_000  # Python's default is 700
 _M_ARENA_MAX = -8  # glibc malloc.h
+_M_MMAP_THRESHOLD = -3
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -45,6 +52,18 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """``mallopt(M_MMAP_THRESHOLD, threshold)`` on glibc, unless ``MALLOC_MMAP_THRESHOLD_`` is set; whether it was
+    applied (see the module docstring)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 def _libc() -> ctypes.CDLL | None:

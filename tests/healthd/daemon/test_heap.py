@@ -1,6 +1,7 @@
 """The daemon's process-wide memory settings (healthd/daemon/heap.py): the start-up heap frozen at READY, cyclic
-garbage still collected afterwards, two malloc arenas unless the operator says otherwise. Each check runs in a
-fresh interpreter: the settings are process-wide and must not leak into the test process."""
+garbage still collected afterwards, two malloc arenas and a fixed mmap threshold unless the operator says
+otherwise. Each check runs in a fresh interpreter: the settings are process-wide and must not leak into the test
+process."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ REPO = Path(__file__).resolve().parents[3]
 SNAPSHOT = None  # a registry source renders whatever it is handed
 
 
-def run_python(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+def run_python(code: str, argv: str = "", **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *([argv] if argv else [])],
         cwd=REPO,
         env=environ,
         capture_output=True,
@@ -117,3 +118,29 @@ def test_the_trimmer_gives_freed_heap_pages_back() -> None:
     )
     trimmed, freed_mib = out.split()
     assert trimmed == "True" and int(freed_mib) >= 20, out
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_MMAP_THRESHOLD) is glibc's")
+def test_a_freed_large_block_does_not_move_later_ones_into_the_heap() -> None:
+    code = """
+        import ctypes, sys
+        from healthd.daemon.heap import fix_mmap_threshold
+
+        applied = fix_mmap_threshold() if sys.argv[-1] == "fix" else None
+        def in_heap(block):
+            address = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))
+            for line in open("/proc/self/maps"):
+                if line.rstrip().endswith("[heap]"):
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    return lo <= address < hi
+            return False
+
+        first = bytearray(8 << 20)  # a render's joined text: a mapping of its own
+        del first  # by default glibc now serves anything up to 8 MiB from the heap
+        second = bytearray(1 << 20)
+        print(applied, in_heap(second))
+        """
+    assert run_python(code, argv="default").split() == ["None", "True"], "glibc's threshold no longer rises"
+    assert run_python(code, argv="fix").split() == ["True", "False"]
+    code = "from healthd.daemon.heap import fix_mmap_threshold; print(fix_mmap_threshold())"
+    assert run_python(code, MALLOC_MMAP_THRESHOLD_="65536") == "False"
