@@ -15,7 +15,7 @@ from exporter.http import BindError
 from exporter.version import VERSION
 from healthd.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config, with_overrides
 from healthd.daemon.daemon import Daemon
-from healthd.daemon.heap import limit_malloc_arenas, settle_heap
+from healthd.daemon.heap import fix_mmap_threshold, limit_malloc_arenas, settle_heap
 from healthd.daemon.instance import claim_node, lock_state_dir
 from healthd.daemon.lifecycle import Lifecycle, LoopHook
 from healthd.daemon.startup import (
@@ -130,6 +130,7 @@ def _run_locked(args: argparse.Namespace, config: Config, names: OptionNames, lo
     restrict_state(config.state_dir)
     configure_logging(config.log_level)
     limit_malloc_arenas()  # before any thread allocates: see healthd/daemon/heap.py
+    fix_mmap_threshold()
     try:
         return asyncio.run(
             run(

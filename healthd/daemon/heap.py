@@ -14,6 +14,17 @@ Process-wide settings, made by ``xpu-healthd``'s ``main`` and its /metrics publi
   a 64-card node ran about 85 young and 8 middle collections and most of a full one per cycle, all finding
   nothing (a quarter of a cycle's CPU in an in-process trial). The collector still runs once that many objects
   are held: cyclic garbage stays bounded by it (a few MiB), not left for ever.
+- ``fix_mmap_threshold`` with the arenas. glibc serves an allocation of 128 KiB or more with its own mapping,
+  returned to the system when freed, but raises that threshold to the size of each such block freed (up to 32
+  MiB): after the first renders a 64-card node's bodies and joined text (1-13 MiB) came from the heap, where the
+  blocks allocated between them kept their pages. A set threshold stops the raising. ``MALLOC_MMAP_THRESHOLD_``
+  wins.
+- ``release_start_up_pages`` once READY, with ``settle_heap``. Loading and initialising the libraries (gRPC's
+  core, OpenSSL, SQLite, libstdc++) touched about 18 MiB of their code and read-only data, most of it never run
+  again; those pages stay resident until the kernel needs memory. They are clean copies of the files, so the
+  daemon drops them from its mappings (``madvise(MADV_DONTNEED)``) and the ones it still uses come back on their
+  next use, from the page cache. Only mappings that hold no page of their own (no copy-on-write data: nothing
+  that relocation wrote) are dropped, so nothing but the file's own bytes can come back.
 - ``malloc_trimmer`` after each render of /metrics. A render's bodies and joined text (about 13 MiB at 64 busy
   cards, 1.5 at 8) are freed when it is done, but glibc keeps the pages for the next allocation; ``malloc_trim(0)``
   gives the free ones back. It costs 0.35 ms at 8 cards and 1.5 at 64 (a few % of the render) and lowers the
@@ -25,15 +36,21 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import structlog
 
 log = structlog.get_logger("heap")
 
 MALLOC_ARENAS = 2
+MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, kept
 YOUNG_THRESHOLD = 10_000  # Python's default is 700
 _M_ARENA_MAX = -8  # glibc malloc.h
+_M_MMAP_THRESHOLD = -3
+_MADV_DONTNEED = 4  # Linux asm-generic/mman-common.h
+_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -45,6 +62,59 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """``mallopt(M_MMAP_THRESHOLD, threshold)`` on glibc, unless ``MALLOC_MMAP_THRESHOLD_`` is set; whether it was
+    applied (see the module docstring)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+def release_start_up_pages(smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Drop the resident pages of the read-only file mappings that hold no page of their own (see the module
+    docstring); the KiB that were resident in them. 0 where there is no smaps or no madvise."""
+    madvise = getattr(_libc(), "madvise", None)
+    try:
+        text = smaps.read_text()
+    except OSError:
+        return 0
+    if madvise is None:
+        return 0
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    released = 0
+    for start, end, resident in clean_file_mappings(text):
+        if madvise(start, end - start, _MADV_DONTNEED) == 0:
+            released += resident
+    return released
+
+
+def clean_file_mappings(smaps: str) -> Iterator[tuple[int, int, int]]:
+    """(start, end, resident KiB) of each mapping in a smaps text that is a file's, read-only (code or data) and
+    private to the process, with resident pages and none that are anonymous (a copy-on-write page, which the file
+    would not give back)."""
+    mapping: tuple[int, int, str, str] | None = None
+    resident = anonymous = 0
+    for line in [*smaps.splitlines(), "00-00 ---p 0 00:00 0"]:  # a last header closes the last mapping
+        header = _MAPPING.match(line)
+        if header is None:
+            key, _, value = line.partition(":")
+            if key == "Rss":
+                resident = int(value.split()[0])
+            elif key == "Anonymous":
+                anonymous = int(value.split()[0])
+            continue
+        if mapping is not None:
+            start, end, perms, path = mapping
+            if perms in ("r-xp", "r--p") and path.startswith("/") and resident and not anonymous:
+                yield start, end, resident
+        mapping = int(header.group(1), 16), int(header.group(2), 16), header.group(3), header.group(4)
+        resident = anonymous = 0
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -66,12 +136,13 @@ def malloc_trimmer() -> Callable[[], bool] | None:
 
 
 def settle_heap(young_threshold: int = YOUNG_THRESHOLD) -> int:
-    """Collect once, freeze what is alive (see the module docstring), raise the young threshold; the number of
-    objects frozen."""
+    """Collect once, freeze what is alive (see the module docstring), raise the young threshold, drop the pages
+    of the libraries' start-up; the number of objects frozen."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(young_threshold, middle, old)
     frozen = gc.get_freeze_count()
-    log.debug("heap settled", frozen=frozen, threshold=gc.get_threshold())
+    released = release_start_up_pages()
+    log.debug("heap settled", frozen=frozen, threshold=gc.get_threshold(), released_kib=released)
     return frozen
