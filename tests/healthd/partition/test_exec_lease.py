@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ import grpc
 from exporter.sampler import SamplerSettings
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.daemon.config import Config, with_overrides
+from healthd.daemon.config import Config
 from healthd.daemon.daemon import Daemon
 from healthd.partition.settings import PartitionSettings
 from tests.support.paths import REPO
@@ -53,16 +54,12 @@ async def xpuctl(socket: Path, *args: str) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
-def test_exec_keeps_its_partition_past_the_lease(tmp_path: Path) -> None:
-    config = with_overrides(
+def test_exec_keeps_its_partition_past_the_lease(tmp_path: Path, simulated_config: Callable[[Config], Config]) -> None:
+    config = simulated_config(
         Config(
             sampler=SamplerSettings(interval_seconds=0.5),
             partitions=PartitionSettings(reconcile_interval_seconds=0.3),
-        ),
-        simulate="h200x8",
-        metrics_listen="127.0.0.1:0",
-        grpc_listen=(f"unix:{tmp_path}/h.sock",),
-        state_dir=tmp_path / "state",
+        )
     )
 
     async def go() -> None:
