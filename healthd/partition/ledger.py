@@ -322,8 +322,11 @@ class PartitionLedger:
                 if current is not None and current.owner.kind is OwnerKind.LEASE and current.lease_expires_at:
                     await self._save(replace(current, lease_expires_at=current.lease_expires_at + step))
 
-    async def _write_cdi(self) -> None:
-        ready = [r for r in self._records.values() if r.state is State.READY and r.gpu in self._infos]
+    async def _write_cdi(self, *about_to_be_ready: PartitionRecord) -> None:
+        """``about_to_be_ready``: rows saved ready only after this write, so that no one sees a partition ready
+        (a retry, a Get) before its CDI device is in the spec."""
+        records = {**self._records, **{r.id: r for r in about_to_be_ready}}
+        ready = [r for r in records.values() if r.state is State.READY and r.gpu in self._infos]
 
         def write() -> None:
             try:

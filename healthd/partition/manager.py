@@ -128,8 +128,9 @@ class PartitionManager(PartitionCreation):
             except MpsError as exc:
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
-                await self._save(replace(record, state=State.READY))
-                await self._write_cdi()
+                ready = replace(record, state=State.READY)
+                await self._write_cdi(ready)  # its CDI name resolves before anyone sees it ready
+                await self._save(ready)
             return
         # MIG: adopt our instance (also one whose create passed its deadline), or drop the row if there is none
         assert record.mig is not None
@@ -140,9 +141,10 @@ class PartitionManager(PartitionCreation):
             log.error("MIG instance of partition is gone; dropping it", partition=record.id, gpu=gpu)
             await self._forget(record.id)
             return
-        await self._save(replace(record, state=State.READY, mig=placement_of(match)))
+        adopted = replace(record, state=State.READY, mig=placement_of(match))
         if record.state is State.CREATING:
-            await self._write_cdi()  # a runtime can resolve its CDI name from now on
+            await self._write_cdi(adopted)  # its CDI name resolves before anyone sees it ready
+        await self._save(adopted)
         log.info("adopted MIG instance", partition=record.id, gpu=gpu, gpu_instance_id=match.gpu_instance_id)
         await self._refresh_foreign(gpu)
 

@@ -10,8 +10,8 @@ action within its window as one condition.
 
 from __future__ import annotations
 
+import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,9 +43,20 @@ def _deliveries(stack: Stack) -> dict[str, int]:
         return {str(k): int(n) for k, n in db.execute("SELECT fault_id, deliveries FROM executions")}
 
 
+def xid_delivered(stack: Stack) -> bool:
+    listed = stack.daemon.xpuctl("faults", "list", "--state", "active", "--gpu", "2", "--json")
+    ids = (
+        [f["id"] for f in json.loads(listed.stdout)["faults"] if f["code"] == "xid_79"]
+        if listed.returncode == 0
+        else []
+    )
+    return bool(ids) and _deliveries(stack).get(ids[0], 0) >= 1
+
+
 def test_xid_79_then_gpu_lost_on_one_card_is_one_swap_with_both_channels_on(stack: Stack, tmp_path: Path) -> None:
     stack.inject("xid", 2, "code=79")
-    time.sleep(1.0)
+    # the card is lost only once the hook has the XID's fault (a fixed pause could end before the daemon read it)
+    wait_for("the XID 79 fault delivered to the hook", lambda: xid_delivered(stack), timeout=60)
     stack.inject("gpu_lost", 2)
 
     def firing() -> set[str]:

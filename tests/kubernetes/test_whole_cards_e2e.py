@@ -77,6 +77,8 @@ def test_whole_cards_against_a_kubelet_double(tmp_path: Path) -> None:
         # the plugin restarts: it registers again and lists the same cards
         registrations = len(kubelet.registrations)
         plugin.stop()
+        # kubelet marks the stopped plugin's cards unhealthy first: "8 healthy" below is then the new stream's list
+        kubelet.wait(lambda: kubelet.healthy(GPU) == [], "the stopped plugin's cards unhealthy")
         plugin.start()
         kubelet.wait(lambda: len(kubelet.registrations) > registrations, "the restarted plugin registers")
         kubelet.wait(lambda: sorted(kubelet.healthy(GPU)) == sorted(uuids), "8 healthy after the plugin restart")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.simulated import SimulatedBackend
+from healthd.daemon.config import Config, with_overrides
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.component import SERVICE_NAME, add_partitions
 from healthd.partition.manager import PartitionManager
@@ -36,6 +37,23 @@ def make_node(tmp_path: Path, sharing: SharingPolicy) -> Callable[[str], Node]:
         backend = SimulatedBackend.from_name(scenario)
         backend.open()
         return Node(root=tmp_path, backend=backend, clock=FakeClock(), sharing=sharing)
+
+    return make
+
+
+@pytest.fixture
+def simulated_config(tmp_path: Path) -> Callable[[Config], Config]:
+    """The whole daemon's config on the simulated 8x H200 node, all in tmp_path: the gRPC socket h.sock (the admin
+    socket healthd-admin.sock beside it), state/, metrics on a free port; ``base`` sets the rest."""
+
+    def make(base: Config) -> Config:
+        return with_overrides(
+            base,
+            simulate="h200x8",
+            metrics_listen="127.0.0.1:0",
+            grpc_listen=(f"unix:{tmp_path}/h.sock",),
+            state_dir=tmp_path / "state",
+        )
 
     return make
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from exporter.backends.simulated import SimulatedBackend
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.daemon.config import Config, with_overrides
+from healthd.daemon.config import Config
 from healthd.daemon.daemon import Daemon
 from healthd.host.simulated_devices import gpu_instance_minor
 from healthd.host.view import HostSettings
@@ -26,14 +27,10 @@ from tests.support.partitions import partitions_on
 LEASE = pb.Owner(lease=pb.LeaseOwner(holder="t"))
 
 
-def test_simulated_daemon_spec_carries_device_numbers(tmp_path: Path) -> None:
-    config = with_overrides(
-        Config(),
-        simulate="h200x8",
-        metrics_listen="127.0.0.1:0",
-        grpc_listen=(f"unix:{tmp_path}/h.sock",),
-        state_dir=tmp_path / "state",
-    )
+def test_simulated_daemon_spec_carries_device_numbers(
+    tmp_path: Path, simulated_config: Callable[[Config], Config]
+) -> None:
+    config = simulated_config(Config())
 
     async def go() -> tuple[Any, Any]:
         daemon = Daemon(config, allow_fallback=True)

@@ -5,24 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.daemon.config import Config, with_overrides
+from healthd.daemon.config import Config
 from healthd.daemon.daemon import Daemon
 
 
-def test_daemon_serves_partitions(tmp_path: Path) -> None:
-    config = with_overrides(
-        Config(),
-        simulate="h200x8",
-        metrics_listen="127.0.0.1:0",
-        grpc_listen=(f"unix:{tmp_path}/h.sock",),
-        state_dir=tmp_path / "state",
-    )
+def test_daemon_serves_partitions(tmp_path: Path, simulated_config: Callable[[Config], Config]) -> None:
+    config = simulated_config(Config())
 
     async def go() -> None:
         daemon = Daemon(config, allow_fallback=True)

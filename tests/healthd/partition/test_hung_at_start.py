@@ -16,7 +16,7 @@ import pytest
 from exporter.sampler import SamplerSettings
 from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
-from healthd.daemon.config import Config, with_overrides
+from healthd.daemon.config import Config
 from healthd.daemon.daemon import Daemon
 from healthd.partition.settings import PartitionSettings
 
@@ -35,16 +35,14 @@ def lease(ttl: float = 0.0) -> Any:
 
 
 @pytest.mark.parametrize("call", ["*", "device_info", "nvlink_peers", "lost"])
-def test_one_card_hung_from_start_up_leaves_the_others_partitionable(tmp_path: Path, call: str) -> None:
-    config = with_overrides(
+def test_one_card_hung_from_start_up_leaves_the_others_partitionable(
+    tmp_path: Path, call: str, simulated_config: Callable[[Config], Config]
+) -> None:
+    config = simulated_config(
         Config(
             sampler=SamplerSettings(interval_seconds=0.3, call_deadline_seconds=0.3, open_deadline_seconds=2.0),
             partitions=PartitionSettings(reconcile_interval_seconds=0.3),
-        ),
-        simulate="h200x8",
-        metrics_listen="127.0.0.1:0",
-        grpc_listen=(f"unix:{tmp_path}/h.sock",),
-        state_dir=tmp_path / "state",
+        )
     )
 
     async def go() -> None:

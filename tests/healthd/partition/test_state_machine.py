@@ -8,7 +8,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from healthd.api.v1 import partitions_pb2 as pb
 from healthd.api.v1 import partitions_pb2_grpc as pb_grpc
 from healthd.partition.cdi import CdiWriter
 from healthd.partition.component import SERVICE_NAME, add_partitions
+from healthd.partition.edits import ContainerEdits
 from healthd.partition.errors import Kind, PartitionError
 from healthd.partition.manager import CreateRequest, PartitionManager
 from healthd.partition.model import CardMode, MigPlacement, Owner, OwnerKind, PartitionRecord, State
@@ -47,14 +48,27 @@ class SlowMps(SimulatedMpsControl):
         super().start(spec)
 
 
+class SlowCdi(CdiWriter):
+    """Writing the spec takes a while (a busy disk, a loaded machine): what is seen meanwhile must already hold."""
+
+    def write(self, devices: Iterable[tuple[str, ContainerEdits]]) -> None:
+        time.sleep(0.3)
+        super().write(devices)
+
+
 def make_manager(
-    root: Path, backend: SimulatedBackend, clock: FakeClock, *, mps: SimulatedMpsControl | None = None
+    root: Path,
+    backend: SimulatedBackend,
+    clock: FakeClock,
+    *,
+    mps: SimulatedMpsControl | None = None,
+    cdi: type[CdiWriter] = CdiWriter,
 ) -> PartitionManager:
     return PartitionManager(
         GuardedBackend(DeviceAccess(backend, FAST)),
         Store(root / "state" / "partitions.sqlite"),
         MpsSupervisor(mps or SimulatedMpsControl(), root / "run"),
-        CdiWriter(root / "cdi"),
+        cdi(root / "cdi"),
         OwnerProbe(cgroup_root=root / "cgroup", clock=clock),
         settings=PartitionSettings(owner_grace_seconds=0.0),
         destroy_retry_seconds=0.0,
@@ -242,11 +256,12 @@ def test_a_late_mig_create_is_in_the_cdi_spec_once_adopted_and_retries_wait_for_
     tmp_path: Path, backend: SimulatedBackend
 ) -> None:
     """No reconcile pass and no clock step: the driver's late answer alone adopts the instance and writes the spec.
-    Until then a retry with the same request_id answers UNAVAILABLE (no env and no CDI device exist yet)."""
+    Until then a retry with the same request_id answers UNAVAILABLE (no env and no CDI device exist yet); a slow
+    spec write shows that the partition is not seen ready before its CDI device is in the spec."""
 
     async def go() -> None:
         clock = FakeClock()
-        m = make_manager(tmp_path, backend, clock)
+        m = make_manager(tmp_path, backend, clock, cdi=SlowCdi)
         await m.start()
         await m.set_mode("6", CardMode.MIG)
         backend.inject("hang", 6, {"call": "create_mig_instance"})

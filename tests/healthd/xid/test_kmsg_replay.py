@@ -49,9 +49,15 @@ def test_an_xid_logged_while_the_daemon_was_down_is_read_after_the_restart(tmp_p
         )
         _append(kmsg, _xid(3, GPU3_PCI, 13))
         wait_until(lambda: "xid_13" in again.xpuctl("faults", "list", "--gpu", "3").stdout, "a later line", 30)
-        metrics = again.metrics()
+        # /metrics is rendered once per sampling cycle: one scrape may predate the XIDs just recorded
+        metrics = wait_until(lambda: counted(again.metrics(), "13"), "the XID 13 counted on /metrics", 30)
         assert not value(metrics, "xpu_xid_errors_total", gpu="0", xid="48"), "the record read before is not replayed"
         assert value(metrics, "xpu_xid_errors_total", gpu="3", xid="79") == 1
+
+
+def counted(metrics: str, xid: str) -> str:
+    """The scrape once it counts ``xid`` on GPU 3; empty before."""
+    return metrics if value(metrics, "xpu_xid_errors_total", gpu="3", xid=xid) else ""
 
 
 def _reader(path: Path, cursor: KmsgCursor, seen: list[int]) -> KmsgReader:
