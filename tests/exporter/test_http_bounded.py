@@ -112,7 +112,6 @@ def test_an_idle_or_slow_connection_is_closed_at_the_header_deadline(server: Met
     [idle] = open_idle(server.port, 1)
     [slow] = open_idle(server.port, 1, send=b"GET /healthz HTTP/1.1\r\n")
     try:
-        start = time.monotonic()
         for _ in range(6):  # a byte every 0.3 s: each read would succeed, the head never ends in time
             time.sleep(0.3)
             try:
@@ -121,7 +120,6 @@ def test_an_idle_or_slow_connection_is_closed_at_the_header_deadline(server: Met
                 break
         assert closed_by_peer(slow, within=5)
         assert closed_by_peer(idle, within=5)
-        assert time.monotonic() - start < 10
     finally:
         idle.close()
         slow.close()
