@@ -23,11 +23,20 @@ bytes); any other format the Accept header asks for by prometheus_client's own e
 
 When no Snapshot came for ``max_age`` (the sampler is late or stopped), a scrape renders the last Snapshot again on
 its own thread, so ``xpu_sample_age_seconds`` keeps growing and the stale-sampler alert still fires.
+
+A publish render is pure Python under the GIL (tens of ms, hundreds on 64 busy cards), and a scrape served during it
+would otherwise wait at each handoff between the server's threads until the render is forced off the GIL (the
+switch interval, 5 ms by default). Given the server's requests in flight (``give_way_to``), a publish render waits
+at each of its checkpoints (between collectors and blocks, exporter/collectors/render.py) while a request is in
+flight, at most ``GIVE_WAY_SECONDS`` in all, so a stuck or endless client delays a publish by that much at most; and
+the switch interval is ``RENDER_SWITCH_INTERVAL`` while it renders, so the server's first wake-up meets the render
+for that long at most.
 """
 
 from __future__ import annotations
 
 import gzip
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +47,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from exporter.encoding import Collectable, MetricLines, Rendered, Replay, encode_sections, select_sections
+from exporter.inflight import RequestsInFlight
 from exporter.snapshot import Snapshot
 
 HOT_SECONDS = 120.0  # a scraper not heard from in this long (and in 3 of its periods) is forgotten
@@ -46,6 +56,9 @@ GZIP_LEVEL = 1  # 0.3x the CPU of level 5 on a 4 MiB body, for 18 % more bytes
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 SETTLE_REQUESTS = 2  # requests in a row the rhythm foresaw before publish renders only for expected requests
+GIVE_WAY_SECONDS = 0.25  # the most one publish render waits for requests in flight, whatever the clients do
+GIVE_WAY_SLICE = 0.005  # a waiting render looks again this often (a request came to wait for it)
+RENDER_SWITCH_INTERVAL = 0.001  # sys.setswitchinterval while a publish render runs, when giving way
 OPENMETRICS = choose_encoder("application/openmetrics-text;version=1.0.0")[1]
 PROMETHEUS_FORMATS = ((OPENMETRICS, True),)  # what Prometheus, its agents and the OTel receiver ask for first
 
@@ -56,7 +69,9 @@ ScraperKey = tuple[str, str, bool]  # (client host, content type, gzip); host ""
 
 @runtime_checkable
 class Renderer(Protocol):
-    def render(self, snapshot: Snapshot | None) -> Rendered: ...
+    def render(self, snapshot: Snapshot | None, checkpoint: Callable[[], None] = ...) -> Rendered:
+        """``checkpoint``, where given, is called often during the render (it may wait)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +107,8 @@ class RegistryRenderer:
         self._registry = registry
         self._lines = MetricLines()
 
-    def render(self, snapshot: Snapshot | None) -> Rendered:
+    def render(self, snapshot: Snapshot | None, checkpoint: Callable[[], None] = lambda: None) -> Rendered:
+        checkpoint()  # a registry's collect is one call: the only place to wait
         families = list(self._registry.collect())
         return Rendered(self._lines.sections(families), lambda: families)
 
@@ -244,7 +260,13 @@ class ExpositionCache:
             ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
         }
         self._render_lock = threading.Lock()  # one render at a time
+        self._render_waiters = 0  # requests blocked on the render lock: a publish render must not wait for them
+        self._requests: RequestsInFlight | None = None
         self.renders = {"publish": 0, "request": 0}  # how often each side rendered (the daemon, benchmarks, tests)
+
+    def give_way_to(self, requests: RequestsInFlight) -> None:
+        """Publish renders wait while these requests are in flight (see the module docstring)."""
+        self._requests = requests
 
     # ----- the sampler side --------------------------------------------------------------------------------
 
@@ -270,11 +292,37 @@ class ExpositionCache:
                 return
         # while this renders, scrapes are served the render before (the last one serves, see _fresh)
         with self._render_lock:
-            exposition = self._render(frozenset(expected), "publish")
-            bodies = {key: exposition.body(encoder, key) for key, encoder in wanted.items()}
+            switch_interval = sys.getswitchinterval()
+            checkpoint = self._checkpoint(self._requests) if self._requests is not None else None
+            if checkpoint is not None and switch_interval > RENDER_SWITCH_INTERVAL:
+                sys.setswitchinterval(RENDER_SWITCH_INTERVAL)  # process-wide: set back below, under the lock
+            try:
+                exposition = self._render(frozenset(expected), "publish", checkpoint)
+                bodies: dict[Format, bytes] = {}
+                for fmt, encoder in wanted.items():
+                    if checkpoint is not None:
+                        checkpoint()  # encoding a 64-card body is another 5-9 ms under the GIL
+                    bodies[fmt] = exposition.body(encoder, fmt)
+            finally:
+                sys.setswitchinterval(switch_interval)
             with self._lock:
                 self._current, self._outdated = exposition, False
-                self._latest.update({key: (body, exposition.made_at) for key, body in bodies.items()})
+                self._latest.update({fmt: (body, exposition.made_at) for fmt, body in bodies.items()})
+
+    def _checkpoint(self, requests: RequestsInFlight) -> Callable[[], None]:
+        """A publish render's checkpoint: while a request is in flight, wait (without the GIL), and stop waiting
+        for good once this render waited ``GIVE_WAY_SECONDS``, or at once while a request waits for this render
+        (the first scrape, before any render finished: it holds a place in flight and needs the render lock)."""
+        deadline = time.monotonic() + GIVE_WAY_SECONDS
+
+        def checkpoint() -> None:
+            while requests.busy and not self._render_waiters:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                requests.wait_idle(min(left, GIVE_WAY_SLICE))
+
+        return checkpoint
 
     # ----- the scrape side ---------------------------------------------------------------------------------
 
@@ -339,7 +387,13 @@ class ExpositionCache:
         if current is not None and not self._render_lock.acquire(blocking=False):
             return current
         if current is None:
-            self._render_lock.acquire()
+            with self._lock:
+                self._render_waiters += 1  # a publish render stops giving way to requests (this one is in flight)
+            try:
+                self._render_lock.acquire()
+            finally:
+                with self._lock:
+                    self._render_waiters -= 1
         try:
             with self._lock:  # another scrape may have rendered while this one waited
                 if self._current is not None and self._current is not current and not self._outdated:
@@ -351,10 +405,15 @@ class ExpositionCache:
         finally:
             self._render_lock.release()
 
-    def _render(self, expected: frozenset[ScraperKey], side: str) -> _Exposition:
+    def _render(
+        self, expected: frozenset[ScraperKey], side: str, checkpoint: Callable[[], None] | None = None
+    ) -> _Exposition:
         """Called with the render lock held."""
         with self._lock:
             snapshot = self._snapshot
         made_at = self._monotonic()
         self.renders[side] += 1
-        return _Exposition(self._renderer.render(snapshot), made_at, expected)
+        rendered = (
+            self._renderer.render(snapshot) if checkpoint is None else self._renderer.render(snapshot, checkpoint)
+        )
+        return _Exposition(rendered, made_at, expected)

@@ -175,6 +175,7 @@ class MetricsHTTPServer(BoundedHTTPServer):
             raise error from None
         # a bare registry (nothing publishes Snapshots to it) is rendered on every scrape, as it always was
         self.exposition = metrics if isinstance(metrics, ExpositionCache) else ExpositionCache(metrics, max_age=0.0)
+        self.exposition.give_way_to(self.requests)  # its publish renders wait while this server answers a request
         self.health = health
         self.landing = landing
 

@@ -15,6 +15,10 @@ start with idle connections, before any credential is checked. Here no thread wa
 
 So idle or slow connections cost a file descriptor and a few bytes each, never a thread, and the health check and
 the scrape keep answering while hundreds of them are open.
+
+``requests`` (exporter/inflight.py) counts what is being read or answered: each wake of the selector with sockets to
+read, until it has handled them, and each request from its dispatch until its answer is written. A long render
+waits while the count is above zero, so a request's threads do not queue behind it for the GIL.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
+from exporter.inflight import RequestsInFlight
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -126,6 +132,7 @@ class BoundedHTTPServer(socketserver.TCPServer):
         self._heads: dict[socket.socket, bytes] = {}
         self._waiting: dict[socket.socket, _Connection] = {}  # oldest first: the one to close when over the limit
         self._busy = 0  # connections queued for or being answered by a worker
+        self.requests = RequestsInFlight()
         self._lock = threading.Lock()
         self._running = False
         self._threads: list[threading.Thread] = []
@@ -189,13 +196,20 @@ class BoundedHTTPServer(socketserver.TCPServer):
 
     def _select_loop(self) -> None:
         while self._running:
-            for key, _ in self._selector.select(timeout=self._next_timeout()):
-                if key.fileobj is self.socket:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    self._drain_wake()
-                else:
-                    self._readable(key.data)
+            events = self._selector.select(timeout=self._next_timeout())
+            if events:
+                self.requests.begin()
+            try:
+                for key, _ in events:
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._drain_wake()
+                    else:
+                        self._readable(key.data)
+            finally:
+                if events:
+                    self.requests.end()
             self._expire(time.monotonic())
         for conn in list(self._waiting.values()):
             self._close(conn)
@@ -311,6 +325,7 @@ class BoundedHTTPServer(socketserver.TCPServer):
             self._heads[conn.sock] = bytes(conn.buffer)
             self._busy += 1
         conn.buffer.clear()
+        self.requests.begin()  # ended by the worker once the answer is written
         self._work.put(conn)
 
     def _expire(self, now: float) -> None:
@@ -366,6 +381,7 @@ class BoundedHTTPServer(socketserver.TCPServer):
                 with self._lock:
                     self._busy -= 1
                     self._heads.pop(conn.sock, None)
+                self.requests.end()
             if keep:
                 conn.sock.setblocking(False)
                 conn.deadline = time.monotonic() + (HEADER_TIMEOUT_SECONDS if conn.buffer else KEEPALIVE_SECONDS)

@@ -188,3 +188,27 @@ def test_a_zero_that_changes_sign_is_written_anew(busy: Node, clock: FakeClock) 
         blocks.blocks = {"a": (version, value)}
         text, _ = fast(renderer, snapshot)
         assert f'xpu_test_value{{key="a"}} {value!r}\n'.encode() in text
+
+
+def test_the_checkpoint_is_called_before_each_collector_and_block_and_changes_nothing(
+    busy: Node, clock: FakeClock
+) -> None:
+    snapshot = busy.cycle()
+    blocks, other = Blocks(), Blocks()
+    other.name = "other"
+    blocks.blocks = {"a": (1, 1.0), "b": (1, 2.0), "c": (1, 3.0)}
+    calls: list[list[Hashable]] = []
+
+    def checkpoint() -> None:
+        calls.append(list(blocks.written))
+
+    with_checkpoint = SnapshotRenderer([blocks, other], clock=clock, monotonic=_constant)
+    sections = with_checkpoint.render(snapshot, checkpoint).sections
+    # before the first collector, before each of its 3 blocks, before the second collector (no blocks); then each
+    # written block's lines are joined after a checkpoint too
+    assert calls[:5] == [[], [], ["a"], ["a", "b"], ["a", "b", "c"]]
+    assert len(calls) == 5 + 3
+    plain = SnapshotRenderer([blocks, other], clock=clock, monotonic=_constant)
+    assert encode_sections(sections, openmetrics=True) == encode_sections(
+        plain.render(snapshot).sections, openmetrics=True
+    )
