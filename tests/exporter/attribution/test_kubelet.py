@@ -267,3 +267,14 @@ def test_an_unchanged_answer_keeps_its_allocations_tuple(sock: Path, kubelet_ser
     finally:
         client.stop()
     assert set(changed) == set(box.items) != set(first)
+
+
+def test_simulated_kubelet_builds_its_list_once_per_change(sock: Path, kubelet_server: Any) -> None:
+    server, box = kubelet_server
+    first = server.list_response()
+    assert server.list_response() is first  # equal allocations: the reply already made
+    with box.lock:
+        box.items = box.items[1:]
+    changed = server.list_response()
+    assert changed is not first
+    assert sum(len(c.devices[0].device_ids) for p in changed.pod_resources for c in p.containers) == len(box.items)
