@@ -90,6 +90,12 @@ def _instance(proc: GpuProcess) -> str:
     return "" if isinstance(proc.gpu_instance_id, Unsupported) else str(proc.gpu_instance_id)
 
 
+def _record(gpu: GpuSnapshot, proc: GpuProcess, name: str, workload: Workload, mps: bool) -> AttributedProcess:
+    memory = None if isinstance(proc.used_memory_bytes, Unsupported) else proc.used_memory_bytes
+    sm = None if isinstance(proc.sm_utilization_ratio, Unsupported) else proc.sm_utilization_ratio
+    return AttributedProcess(gpu.index, gpu.uuid, _instance(proc), proc.pid, name, memory, sm, workload, mps)
+
+
 def _device_index(snapshot: Snapshot) -> dict[str, _Device]:
     """Every id kubelet may use for a device here: GPU UUID, MIG device UUID, nvidiaN (minor number)."""
     out: dict[str, _Device] = {}
@@ -168,17 +174,10 @@ class Attributor:
                 held = holders.get((gpu.uuid, _instance(proc)), _NO_HOLDERS)
                 last = before.get(proc.pid)
                 index = (pod_index, pod_index.generation) if pod_index is not None else None
-                if (
-                    last is not None
-                    and last[1] is identity
-                    and last[2] is held
-                    and last[3] == index
-                    and last[4].gpu == gpu.index
-                    and last[4].uuid == gpu.uuid
-                    and last[0] == proc
-                ):
-                    attributed = last[4]
-                else:
+                attributed = None
+                if last is not None and last[1] is identity and last[2] is held and last[3] == index:
+                    attributed = self._again(gpu, proc, identity, last[0], last[4])
+                if attributed is None:
                     rescans = self._rescans
                     attributed = self._attribute(gpu, proc, identity, held)
                     if rescans != self._rescans:  # looked up after a miss: the next cycle may rescan again
@@ -195,6 +194,18 @@ class Attributor:
 
     # ----- internals ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _again(
+        gpu: GpuSnapshot, proc: GpuProcess, identity: ProcessIdentity | None, was: GpuProcess, last: AttributedProcess
+    ) -> AttributedProcess | None:
+        """A process whose identity, card holders and log index are as last cycle has the same workload: the last
+        record itself while NVML lists it as before, else a new one with it; None when its name changed (which
+        decides whether it is the MPS server)."""
+        if last.gpu == gpu.index and last.uuid == gpu.uuid and was == proc:
+            return last
+        name = proc.name or (identity.comm if identity else "")
+        return _record(gpu, proc, name, last.workload, last.mps_server) if name == last.name else None
+
     def _attribute(
         self,
         gpu: GpuSnapshot,
@@ -202,15 +213,12 @@ class Attributor:
         identity: ProcessIdentity | None,
         holders: frozenset[Workload],
     ) -> AttributedProcess:
-        gi = _instance(proc)
         name = proc.name or (identity.comm if identity else "")
         mps = name in MPS_SERVER_NAMES
         workload = _NOBODY
         if identity is not None and not mps:
             workload = self._workload(identity.owner, holders)
-        memory = None if isinstance(proc.used_memory_bytes, Unsupported) else proc.used_memory_bytes
-        sm = None if isinstance(proc.sm_utilization_ratio, Unsupported) else proc.sm_utilization_ratio
-        return AttributedProcess(gpu.index, gpu.uuid, gi, proc.pid, name, memory, sm, workload, mps)
+        return _record(gpu, proc, name, workload, mps)
 
     def _workload(self, owner: CgroupOwner, holders: frozenset[Workload]) -> Workload:
         if owner.slurm_job:
