@@ -66,11 +66,12 @@ def pod_labels(
 
 
 class PodCollector(SeriesCollector):
-    """One block per pod (its containers' sums and allocations), kept while they are unchanged.
+    """Two blocks per pod, its containers' sums and its allocations, each kept while unchanged.
 
-    A pod's block is versioned by its processes as attribution gave them (the Attributor hands back the same
-    objects for unchanged processes) and its allocations, so an unchanged pod costs a grouping step and a tuple
-    comparison; only a changed pod has its sums added up and its lines written."""
+    The sums' block is versioned by the pod's processes as attribution gave them (the Attributor hands back the
+    same objects for unchanged processes), the allocations' by kubelet's (the same tuple while its answer is), so
+    an unchanged pod costs a grouping step and two comparisons; only a changed pod has its sums added up and its
+    lines written, and a pod whose usage moved keeps its allocation lines."""
 
     name = "pod"
 
@@ -97,12 +98,15 @@ class PodCollector(SeriesCollector):
                     found.append(p)
         allocations = self._allocations(attribution.allocations)
         for key in sorted(procs.keys() | allocations.keys()):
+            # two blocks: usage, which moves with the processes, and allocations, which stay while kubelet's
+            # answer does (each family in one of them only, so its lines keep their order)
             mine = procs.get(key)
+            processes = tuple(mine) if mine else ()
+            if (rows := out.block(key, processes)) is not None:
+                _usage(rows, key, processes)
             held = allocations.get(key, ())
-            version = (tuple(mine) if mine else (), held)
-            rows = out.block(key, version)
-            if rows is not None:
-                _pod(rows, key, version[0], held)
+            if (rows := out.block(("allocated", key), held)) is not None:
+                _allocated(rows, held)
         _kubelet(out, attribution.kubelet, attribution.unmatched_device_ids)
 
     def _allocations(self, allocations: tuple[Allocation, ...]) -> dict[_Pod, tuple[Allocation, ...]]:
@@ -117,7 +121,7 @@ class PodCollector(SeriesCollector):
         return out
 
 
-def _pod(rows: Rows, key: _Pod, processes: tuple[AttributedProcess, ...], allocs: tuple[Allocation, ...]) -> None:
+def _usage(rows: Rows, key: _Pod, processes: tuple[AttributedProcess, ...]) -> None:
     namespace, pod = key
     sums: dict[_Container, list[float | None]] = {}
     for p in processes:
@@ -134,6 +138,9 @@ def _pod(rows: Rows, key: _Pod, processes: tuple[AttributedProcess, ...], allocs
         if util is not None:
             rows.add_named(SM, names, values, min(1.0, util))
         rows.add_named(COUNT, names, values, n or 0.0)
+
+
+def _allocated(rows: Rows, allocs: tuple[Allocation, ...]) -> None:
     for a in allocs:
         names, values = pod_labels(a.namespace, a.pod, a.container, a.uuid, a.gpu_instance_id)
         rows.add_named(ALLOCATED, (*names, *_ALLOCATION), (*values, a.resource_name, a.device_id), 1.0)
