@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from exporter.attribution.cgroup import CgroupOwner
 from exporter.attribution.kubelet import KubeletPodResources, PodResourcesView, split_device_id
 from exporter.attribution.podlogs import PodLogIndex
-from exporter.attribution.resolver import ProcResolver
+from exporter.attribution.resolver import ProcessIdentity, ProcResolver
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 
@@ -40,6 +40,7 @@ class Workload:
 
 
 _NOBODY = Workload()
+_NO_HOLDERS: frozenset[Workload] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,16 @@ class _Device:
     gpu_instance_id: str
 
 
+def _instance(proc: GpuProcess) -> str:
+    return "" if isinstance(proc.gpu_instance_id, Unsupported) else str(proc.gpu_instance_id)
+
+
+def _record(gpu: GpuSnapshot, proc: GpuProcess, name: str, workload: Workload, mps: bool) -> AttributedProcess:
+    memory = None if isinstance(proc.used_memory_bytes, Unsupported) else proc.used_memory_bytes
+    sm = None if isinstance(proc.sm_utilization_ratio, Unsupported) else proc.sm_utilization_ratio
+    return AttributedProcess(gpu.index, gpu.uuid, _instance(proc), proc.pid, name, memory, sm, workload, mps)
+
+
 def _device_index(snapshot: Snapshot) -> dict[str, _Device]:
     """Every id kubelet may use for a device here: GPU UUID, MIG device UUID, nvidiaN (minor number)."""
     out: dict[str, _Device] = {}
@@ -114,6 +125,13 @@ class Attributor:
         self._monotonic = monotonic
         self._index_refreshed = False
         self._misses: dict[str, float] = {}  # container id / pod UID -> when it last triggered a rescan
+        self._rescans = 0  # lookups that missed the log index (a workload found after one is not remembered)
+        # The last cycle's work, reused while its inputs are the same objects: kubelet's allocations (the client
+        # keeps the tuple while kubelet's answer is unchanged) and the device index; per PID, the process as NVML
+        # listed it, its identity, the holders of its device and the log index it was looked up in.
+        self._last_allocations: tuple[object, dict[str, _Device], tuple[tuple[Allocation, ...], int]] | None = None
+        self._last_holders: dict[tuple[str, str], frozenset[Workload]] = {}
+        self._processes: dict[int, tuple[GpuProcess, object, object, object, AttributedProcess]] = {}
         self._latest: Attribution | None = None
         self._lock = threading.Lock()
 
@@ -124,49 +142,85 @@ class Attributor:
     def update(self, snapshot: Snapshot) -> Attribution:
         kubelet_view = self.kubelet.view() if self.kubelet is not None else None
         devices = _device_index(snapshot)
-        allocations, unmatched = self._allocations(kubelet_view, devices)
-        holders: dict[tuple[str, str], set[Workload]] = {}  # (uuid, gpu_instance_id) -> containers holding it
-        for a in allocations:
-            holders.setdefault((a.uuid, a.gpu_instance_id), set()).add(Workload(a.namespace, a.pod, a.container))
+        kept = self._last_allocations
+        given = kubelet_view.allocations if kubelet_view is not None else None
+        if kept is not None and kept[0] is given and kept[1] == devices:
+            allocations, unmatched = kept[2]
+            holders = self._last_holders
+        else:
+            listed, unmatched = self._allocations(kubelet_view, devices)
+            allocations = tuple(listed)
+            holding: dict[tuple[str, str], set[Workload]] = {}  # (uuid, gpu_instance_id) -> containers holding it
+            for a in allocations:
+                holding.setdefault((a.uuid, a.gpu_instance_id), set()).add(Workload(a.namespace, a.pod, a.container))
+            holders = {k: frozenset(v) for k, v in holding.items()}
+            self._last_allocations = (given, devices, (allocations, unmatched))
+            self._last_holders = holders
         if not self._index_refreshed and self.pod_index is not None:
             self.pod_index.refresh()
             self._index_refreshed = True
         processes: list[AttributedProcess] = []
         live: list[int] = []
         self.resolver.begin_cycle()
+        before: dict[int, tuple[GpuProcess, object, object, object, AttributedProcess]] = self._processes
+        after: dict[int, tuple[GpuProcess, object, object, object, AttributedProcess]] = {}
+        pod_index = self.pod_index
         for gpu in snapshot.gpus:
             if not gpu.fresh or gpu.info is None:
                 continue
             for proc in gpu.processes:
                 live.append(proc.pid)
-                processes.append(self._attribute(gpu, proc, holders))
+                identity = self.resolver.resolve(proc.pid)
+                held = holders.get((gpu.uuid, _instance(proc)), _NO_HOLDERS)
+                last = before.get(proc.pid)
+                index = (pod_index, pod_index.generation) if pod_index is not None else None
+                attributed = None
+                if last is not None and last[1] is identity and last[2] is held and last[3] == index:
+                    attributed = self._again(gpu, proc, identity, last[0], last[4])
+                if attributed is None:
+                    rescans = self._rescans
+                    attributed = self._attribute(gpu, proc, identity, held)
+                    if rescans != self._rescans:  # looked up after a miss: the next cycle may rescan again
+                        processes.append(attributed)
+                        continue
+                after[proc.pid] = (proc, identity, held, index, attributed)
+                processes.append(attributed)
+        self._processes = after
         self.resolver.retain(live)
-        result = Attribution(snapshot.seq, tuple(processes), tuple(allocations), kubelet_view, unmatched)
+        result = Attribution(snapshot.seq, tuple(processes), allocations, kubelet_view, unmatched)
         with self._lock:
             self._latest = result
         return result
 
     # ----- internals ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _again(
+        gpu: GpuSnapshot, proc: GpuProcess, identity: ProcessIdentity | None, was: GpuProcess, last: AttributedProcess
+    ) -> AttributedProcess | None:
+        """A process whose identity, card holders and log index are as last cycle has the same workload: the last
+        record itself while NVML lists it as before, else a new one with it; None when its name changed (which
+        decides whether it is the MPS server)."""
+        if last.gpu == gpu.index and last.uuid == gpu.uuid and was == proc:
+            return last
+        name = proc.name or (identity.comm if identity else "")
+        return _record(gpu, proc, name, last.workload, last.mps_server) if name == last.name else None
+
     def _attribute(
         self,
         gpu: GpuSnapshot,
         proc: GpuProcess,
-        holders: dict[tuple[str, str], set[Workload]],
+        identity: ProcessIdentity | None,
+        holders: frozenset[Workload],
     ) -> AttributedProcess:
-        pid = proc.pid
-        gi = "" if isinstance(proc.gpu_instance_id, Unsupported) else str(proc.gpu_instance_id)
-        identity = self.resolver.resolve(pid)
         name = proc.name or (identity.comm if identity else "")
         mps = name in MPS_SERVER_NAMES
         workload = _NOBODY
         if identity is not None and not mps:
-            workload = self._workload(identity.owner, holders.get((gpu.uuid, gi), set()))
-        memory = None if isinstance(proc.used_memory_bytes, Unsupported) else proc.used_memory_bytes
-        sm = None if isinstance(proc.sm_utilization_ratio, Unsupported) else proc.sm_utilization_ratio
-        return AttributedProcess(gpu.index, gpu.uuid, gi, pid, name, memory, sm, workload, mps)
+            workload = self._workload(identity.owner, holders)
+        return _record(gpu, proc, name, workload, mps)
 
-    def _workload(self, owner: CgroupOwner, holders: set[Workload]) -> Workload:
+    def _workload(self, owner: CgroupOwner, holders: frozenset[Workload]) -> Workload:
         if owner.slurm_job:
             return Workload(job=owner.slurm_job)
         if owner.pod_uid:
@@ -175,7 +229,7 @@ class Attributor:
             return Workload(container=owner.container_id[:12])
         return _NOBODY
 
-    def _pod_workload(self, owner: CgroupOwner, holders: set[Workload]) -> Workload:
+    def _pod_workload(self, owner: CgroupOwner, holders: frozenset[Workload]) -> Workload:
         index = self.pod_index
         if index is not None:
             ref = None
@@ -205,6 +259,7 @@ class Attributor:
         that will never be there (log directory not mounted) costs one listing per INDEX_RETRY_SECONDS."""
         if self.pod_index is None:
             return False
+        self._rescans += 1
         now = self._monotonic()
         last = self._misses.get(key)
         if last is not None and now - last < INDEX_RETRY_SECONDS:

@@ -87,6 +87,9 @@ class KubeletPodResources:
         self._thread: threading.Thread | None = None
         self._refreshes = 0
         self._failures = 0
+        # The last List reply and what it was turned into: an unchanged reply keeps the same tuple, so what is made
+        # from the allocations (attribution, pod series) can tell "unchanged" by identity.
+        self._last_list: tuple[object, tuple[tuple[DeviceAllocation, ...], frozenset[tuple[str, str]]]] | None = None
 
     # ----- public ------------------------------------------------------------------------------------------
 
@@ -190,6 +193,9 @@ class KubeletPodResources:
         from exporter.attribution.api.podresources.v1 import api_pb2
 
         reply = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.call_timeout)
+        last = self._last_list
+        if last is not None and last[0] == reply:
+            return last[1]
         out: list[DeviceAllocation] = []
         pods = frozenset((pod.namespace, pod.name) for pod in reply.pod_resources)
         for pod in reply.pod_resources:
@@ -199,7 +205,8 @@ class KubeletPodResources:
                         DeviceAllocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
                         for device_id in devices.device_ids
                     )
-        return tuple(out), pods
+        self._last_list = (reply, (tuple(out), pods))
+        return self._last_list[1]
 
     def pod_exists(self, namespace: str, name: str) -> bool | None:
         """Whether kubelet lists the pod; None when kubelet's answer is not current (absent, failing, not yet)."""

@@ -45,10 +45,16 @@ class PodLogIndex:
         self.log_root = log_root
         self._containers = _EMPTY_C
         self._pods = _EMPTY_P
+        self._generation = 0
 
     @property
     def present(self) -> bool:
         return bool(self._pods) or bool(self._containers)
+
+    @property
+    def generation(self) -> int:
+        """Counts refreshes: lookups made at the same generation give the same answers."""
+        return self._generation
 
     def refresh(self) -> None:
         pods: dict[str, PodRef] = {}
@@ -66,6 +72,7 @@ class PodLogIndex:
                 containers[m["id"]] = ContainerRef(m["namespace"], m["pod"], m["container"])
         # swap whole mappings: readers on other threads see the old or the new index, never a half-built one
         self._pods, self._containers = MappingProxyType(pods), MappingProxyType(containers)
+        self._generation += 1
 
     def container(self, container_id: str) -> ContainerRef | None:
         return self._containers.get(container_id)

@@ -19,6 +19,7 @@ from exporter.backends.types import (
     DeviceInfo,
     DeviceSample,
     LinkState,
+    NvLinkSample,
     ProfilingMetric,
     Unsupported,
 )
@@ -158,6 +159,8 @@ NVLINK_COUNTERS = (  # (family, NvLinkSample attribute)
     (Family("xpu_gpu_nvlink_transmit_bytes", "Bytes sent over the link.", COUNTER, LINK_LABELS), "tx_bytes"),
     (Family("xpu_gpu_nvlink_receive_bytes", "Bytes received over the link.", COUNTER, LINK_LABELS), "rx_bytes"),
 )
+_NVLINK_ERRORS = NVLINK_COUNTERS[:3]
+_NVLINK_BYTES = NVLINK_COUNTERS[3:]
 PROCESSES = Family("xpu_gpu_processes", "Compute processes with a context on the card.", labels=LABELS)
 RECOVERY_ACTION_HELP = (
     "Recovery the driver asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, decoded by driver branch): 0 none, "
@@ -240,14 +243,8 @@ def _readings(out: Exposer, gpu: GpuSnapshot, labels: tuple[str, str], s: Device
         _modes(rows, labels, s)
     if (rows := out.block(("ecc", key), (labels, s.ecc, s.remapped_rows))) is not None:
         _ecc(rows, labels, s)
-    if (rows := out.block(("nvlink", key), (labels, s.nvlinks))) is not None and not isinstance(s.nvlinks, Unsupported):
-        for link in s.nvlinks:
-            values = (*labels, str(link.link))
-            rows.add(NVLINK_UP, values, 1.0 if link.state is LinkState.UP else 0.0)
-            for family, attr in NVLINK_COUNTERS:
-                v = _num(getattr(link, attr))
-                if v is not None:
-                    rows.add(family, values, v)
+    if not isinstance(s.nvlinks, Unsupported):
+        _nvlinks(out, key, labels, s.nvlinks)
     recovery = s.recovery_action
     if (rows := out.block(("recovery", key), (labels, recovery, driver))) is not None and not isinstance(
         recovery, Unsupported
@@ -255,6 +252,29 @@ def _readings(out: Exposer, gpu: GpuSnapshot, labels: tuple[str, str], s: Device
         # the branch-independent code: the raw field means different things on different drivers (5 is a bus
         # reset on R580 and the IMEX domain from R595 on), so a dashboard or alert reads one meaning per value
         rows.add(RECOVERY_ACTION, labels, float(recovery_code(recovery, driver or None)))
+
+
+def _nvlinks(out: Exposer, key: int, labels: tuple[str, str], links: tuple[NvLinkSample, ...]) -> None:
+    """Two blocks: link state and error counters, which seldom change, apart from the byte counters, which change
+    every sample on a link in use (each family is in one block only, so its lines keep their order)."""
+    errors = tuple((link.link, link.state, *(getattr(link, a) for _, a in _NVLINK_ERRORS)) for link in links)
+    if (rows := out.block(("nvlink", key), (labels, errors))) is not None:
+        for link in links:
+            values = (*labels, str(link.link))
+            rows.add(NVLINK_UP, values, 1.0 if link.state is LinkState.UP else 0.0)
+            _link_counters(rows, values, link, _NVLINK_ERRORS)
+    if (rows := out.block(("nvlink bytes", key), (labels, links))) is not None:
+        for link in links:
+            _link_counters(rows, (*labels, str(link.link)), link, _NVLINK_BYTES)
+
+
+def _link_counters(
+    rows: Rows, values: tuple[str, ...], link: NvLinkSample, counters: tuple[tuple[Family, str], ...]
+) -> None:
+    for family, attr in counters:
+        v = _num(getattr(link, attr))
+        if v is not None:
+            rows.add(family, values, v)
 
 
 def pcie_rates(gpu: GpuSnapshot) -> tuple[float | None, float | None, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exporter.attribution.attributor import Allocation, Attribution
+from exporter.attribution.attributor import Allocation, AttributedProcess, Attribution
 from exporter.attribution.kubelet import PodResourcesView
 from exporter.collectors.base import NoDataError
 from exporter.collectors.series import Exposer, Family, Rows, SeriesCollector
@@ -52,7 +52,7 @@ UNMATCHED = Family(
     "Allocated device ids that name no GPU or MIG device of this node.",
 )
 
-_Sums = list[float | None]  # memory, SM, processes
+_Pod = tuple[str, str]  # namespace, pod
 _Container = tuple[str, str, str]  # container, uuid, gpu_instance_id
 
 
@@ -66,51 +66,81 @@ def pod_labels(
 
 
 class PodCollector(SeriesCollector):
-    """One block per pod (its containers' sums and allocations), kept while they are unchanged."""
+    """Two blocks per pod, its containers' sums and its allocations, each kept while unchanged.
+
+    The sums' block is versioned by the pod's processes as attribution gave them (the Attributor hands back the
+    same objects for unchanged processes), the allocations' by kubelet's (the same tuple while its answer is), so
+    an unchanged pod costs a grouping step and two comparisons; only a changed pod has its sums added up and its
+    lines written, and a pod whose usage moved keeps its allocation lines."""
 
     name = "pod"
 
     def __init__(self, source: Callable[[], Attribution | None]) -> None:
         self._source = source
+        # kubelet's allocations by pod, for the allocations tuple they were grouped from (one reference, swapped
+        # whole: a render and a families() call on another thread at worst both group the same tuple)
+        self._grouped: tuple[tuple[Allocation, ...], dict[_Pod, tuple[Allocation, ...]]] = ((), {})
 
     def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
         attribution = self._source()
         if attribution is None:
             raise NoDataError("no attribution yet")
         out.declare(MEMORY, SM, COUNT, ALLOCATED)
-        pods: dict[tuple[str, str], tuple[dict[_Container, list[float | None]], list[Allocation]]] = {}
+        procs: dict[_Pod, list[AttributedProcess]] = {}
         for p in attribution.processes:
             w = p.workload
-            if not w.pod or p.mps_server:
-                continue
-            sums, _ = pods.setdefault((w.namespace, w.pod), ({}, []))
-            acc = sums.setdefault((w.container, p.uuid, p.gpu_instance_id), [None, None, 0.0])
-            if p.used_memory_bytes is not None:
-                acc[0] = (acc[0] or 0.0) + p.used_memory_bytes
-            if p.sm_utilization_ratio is not None:
-                acc[1] = (acc[1] or 0.0) + p.sm_utilization_ratio
-            acc[2] = (acc[2] or 0.0) + 1
-        for a in set(attribution.allocations):
-            pods.setdefault((a.namespace, a.pod), ({}, []))[1].append(a)
-        for (namespace, pod), (sums, allocations) in sorted(pods.items()):
-            containers = tuple(sorted(sums.items()))  # by key: container, card, GPU instance
-            allocations.sort(key=lambda a: (a.container, a.device_id))
-            rows = out.block((namespace, pod), (containers, tuple(allocations)))
-            if rows is not None:
-                _pod(rows, namespace, pod, containers, allocations)
+            if w.pod and not p.mps_server:
+                key = (w.namespace, w.pod)
+                found = procs.get(key)
+                if found is None:
+                    procs[key] = [p]
+                else:
+                    found.append(p)
+        allocations = self._allocations(attribution.allocations)
+        for key in sorted(procs.keys() | allocations.keys()):
+            # two blocks: usage, which moves with the processes, and allocations, which stay while kubelet's
+            # answer does (each family in one of them only, so its lines keep their order)
+            mine = procs.get(key)
+            processes = tuple(mine) if mine else ()
+            if (rows := out.block(key, processes)) is not None:
+                _usage(rows, key, processes)
+            held = allocations.get(key, ())
+            if (rows := out.block(("allocated", key), held)) is not None:
+                _allocated(rows, held)
         _kubelet(out, attribution.kubelet, attribution.unmatched_device_ids)
 
+    def _allocations(self, allocations: tuple[Allocation, ...]) -> dict[_Pod, tuple[Allocation, ...]]:
+        grouped = self._grouped
+        if grouped[0] is allocations:
+            return grouped[1]
+        by_pod: dict[_Pod, set[Allocation]] = {}
+        for a in allocations:
+            by_pod.setdefault((a.namespace, a.pod), set()).add(a)
+        out = {k: tuple(sorted(v, key=lambda a: (a.container, a.device_id))) for k, v in by_pod.items()}
+        self._grouped = (allocations, out)
+        return out
 
-def _pod(
-    rows: Rows, namespace: str, pod: str, containers: tuple[tuple[_Container, _Sums], ...], allocs: list[Allocation]
-) -> None:
-    for (container, uuid, gi), (mem, util, n) in containers:
+
+def _usage(rows: Rows, key: _Pod, processes: tuple[AttributedProcess, ...]) -> None:
+    namespace, pod = key
+    sums: dict[_Container, list[float | None]] = {}
+    for p in processes:
+        acc = sums.setdefault((p.workload.container, p.uuid, p.gpu_instance_id), [None, None, 0.0])
+        if p.used_memory_bytes is not None:
+            acc[0] = (acc[0] or 0.0) + p.used_memory_bytes
+        if p.sm_utilization_ratio is not None:
+            acc[1] = (acc[1] or 0.0) + p.sm_utilization_ratio
+        acc[2] = (acc[2] or 0.0) + 1
+    for (container, uuid, gi), (mem, util, n) in sorted(sums.items()):  # by container, card, GPU instance
         names, values = pod_labels(namespace, pod, container, uuid, gi)
         if mem is not None:
             rows.add_named(MEMORY, names, values, mem)
         if util is not None:
             rows.add_named(SM, names, values, min(1.0, util))
         rows.add_named(COUNT, names, values, n or 0.0)
+
+
+def _allocated(rows: Rows, allocs: tuple[Allocation, ...]) -> None:
     for a in allocs:
         names, values = pod_labels(a.namespace, a.pod, a.container, a.uuid, a.gpu_instance_id)
         rows.add_named(ALLOCATED, (*names, *_ALLOCATION), (*values, a.resource_name, a.device_id), 1.0)

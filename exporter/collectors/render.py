@@ -65,29 +65,35 @@ class _BlockRows:
         self._family = {}
 
     def add(self, family: Family, values: tuple[str, ...], value: float) -> None:
-        self._add(family, values, family.labels, values, value)
+        state = self._family.get(family) or self._start(family)
+        line = state[0].get(values)
+        if line is None:
+            prefix = _prefix(family, family.labels, values)
+            line = (f"{prefix}{go_float(value)}\n", value, len(prefix))
+        elif value != line[1] or (value == 0 and copysign(1.0, value) != copysign(1.0, line[1])):
+            line = (f"{line[0][: line[2]]}{go_float(value)}\n", value, line[2])
+        state[1][values] = line
+        state[2].append(line[0])
 
     def add_named(self, family: Family, names: tuple[str, ...], values: tuple[str, ...], value: float) -> None:
-        self._add(family, (names, values), names, values, value)
-
-    def _add(
-        self, family: Family, key: tuple[object, ...], names: tuple[str, ...], values: tuple[str, ...], value: float
-    ) -> None:
-        state = self._family.get(family)
-        if state is None:
-            state = self._family[family] = (self._old.get(family, _NO_LINES), {}, [])
-            self.lines[family], self.parts[family] = state[1], state[2]
-        old_lines, lines, parts = state
-        line = old_lines.get(key)
+        # the same as add, keyed by (names, values): kept apart from add so neither pays a second call
+        key = (names, values)
+        state = self._family.get(family) or self._start(family)
+        line = state[0].get(key)
         if line is None:
             prefix = _prefix(family, names, values)
             line = (f"{prefix}{go_float(value)}\n", value, len(prefix))
-        else:
-            old = line[1]
-            if value != old or (value == 0 and copysign(1.0, value) != copysign(1.0, old)):
-                line = (f"{line[0][: line[2]]}{go_float(value)}\n", value, line[2])
-        lines[key] = line
-        parts.append(line[0])
+        elif value != line[1] or (value == 0 and copysign(1.0, value) != copysign(1.0, line[1])):
+            line = (f"{line[0][: line[2]]}{go_float(value)}\n", value, line[2])
+        state[1][key] = line
+        state[2].append(line[0])
+
+    def _start(
+        self, family: Family
+    ) -> tuple[dict[tuple[object, ...], _Line], dict[tuple[object, ...], _Line], list[str]]:
+        state = self._family[family] = (self._old.get(family, _NO_LINES), {}, [])
+        self.lines[family], self.parts[family] = state[1], state[2]
+        return state
 
     def finish(self) -> _Block:
         return _Block(self.version, {f: "".join(p) for f, p in self.parts.items()}, self.lines)

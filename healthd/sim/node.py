@@ -70,7 +70,12 @@ def allocations_of(workloads: Sequence[SimulatedWorkload]) -> list[DeviceAllocat
 
 
 class SimulatedKubelet:
-    """A real gRPC PodResourcesLister (v1) server on a unix socket, answering from ``allocations()``."""
+    """A real gRPC PodResourcesLister (v1) server on a unix socket, answering from ``allocations()``.
+
+    The List reply is built once per change of the allocations and served again while they are equal. On a real
+    node that reply is kubelet's work, in kubelet's process, not the daemon's; building it afresh on every call
+    would charge the daemon's CPU (the simulator runs inside it) for what a real node never asks of it. The reply
+    itself is the same message either way."""
 
     def __init__(
         self,
@@ -82,6 +87,8 @@ class SimulatedKubelet:
         self._allocations = allocations
         self._allocatable = allocatable
         self._server: grpc.Server | None = None
+        self._lock = threading.Lock()
+        self._listed: tuple[Sequence[DeviceAllocation], pb.ListPodResourcesResponse] | None = None
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +106,20 @@ class SimulatedKubelet:
         self.socket_path.unlink(missing_ok=True)
 
     def list_response(self) -> pb.ListPodResourcesResponse:
+        allocations = self._allocations()
+        with self._lock:
+            listed = self._listed
+            if listed is not None and (listed[0] is allocations or listed[0] == allocations):
+                return listed[1]
+        reply = self._build_list(allocations)
+        with self._lock:
+            self._listed = (allocations, reply)
+        return reply
+
+    @staticmethod
+    def _build_list(allocations: Sequence[DeviceAllocation]) -> pb.ListPodResourcesResponse:
         pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
-        for a in self._allocations():
+        for a in allocations:
             containers = pods.setdefault((a.namespace, a.pod), {})
             containers.setdefault(a.container, {}).setdefault(a.resource_name, []).append(a.device_id)
         return pb.ListPodResourcesResponse(
@@ -166,6 +185,7 @@ class SimulatedNode:
         self._syncing = threading.Lock()  # one sync at a time: injections come from any thread
         self._unwatch: Callable[[], None] | None = None
         self._workloads: tuple[SimulatedWorkload, ...] = ()
+        self._allocations_made: tuple[tuple[SimulatedWorkload, ...], tuple[DeviceAllocation, ...]] | None = None
         self._written: dict[int, str] = {}  # pid -> what its cgroup says (to notice a moved process)
         self._pods_written: set[tuple[str, str, str]] = set()
 
@@ -187,9 +207,17 @@ class SimulatedNode:
         if self.serve_kubelet:
             self.kubelet.stop()
 
-    def allocations(self) -> list[DeviceAllocation]:
+    def allocations(self) -> tuple[DeviceAllocation, ...]:
+        """What kubelet lists now; the same tuple while the simulated workloads are unchanged."""
         with self._lock:
-            return allocations_of(self._workloads)
+            workloads = self._workloads
+            made = self._allocations_made
+            if made is not None and made[0] is workloads:
+                return made[1]
+        allocations = tuple(allocations_of(workloads))
+        with self._lock:
+            self._allocations_made = (workloads, allocations)
+        return allocations
 
     def _allocatable(self) -> list[tuple[str, str]]:
         return [(GPU_RESOURCE, self.backend.scenario.cards[i].uuid) for i in range(len(self.backend.scenario.cards))]

@@ -308,3 +308,25 @@ def test_a_cgroup_named_after_another_pods_container_keeps_its_own_pod(node: Nod
     s = node.cycle()
     assert one(s, "xpu_process_gpu_memory_used_bytes", pid="70002", pod="ft-job-0", namespace="team-a", container="w")
     assert one(s, "xpu_pod_gpu_memory_used_bytes", pod="vllm-code-0") == 98304 * 2**20  # only its own process
+
+
+def test_a_remembered_process_follows_its_cards_holders_and_the_log_index(node: Node) -> None:
+    """The Attributor reuses a process's attribution while nothing it came from changed: a change in who holds
+    the card, or a log index appearing, must still reach an unchanged process."""
+    real = node.attributor.pod_index
+    node.attributor.pod_index = None  # names from kubelet's allocations only
+    for _ in range(2):  # the second cycle is the one that may reuse the first's answer
+        s = node.cycle()
+        assert one(s, "xpu_process_gpu_memory_used_bytes", pid="52010", pod="", namespace="") > 0
+    # kubelet's answer changes while the process does not: one of GPU 4's two pods loses its allocation
+    node.sim.kubelet._allocations = lambda: [a for a in node.sim.allocations() if "::1" not in a.device_id]
+    s = node.cycle()
+    holders = {a.pod for a in node.kubelet.view().allocations if a.device_id.startswith(node.uuid(4))}
+    assert len(holders) == 1
+    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="52010", pod=holders.pop()) > 0
+    node.sim.kubelet._allocations = node.sim.allocations
+    s = node.cycle()
+    assert one(s, "xpu_process_gpu_memory_used_bytes", pid="52010", pod="", namespace="") > 0
+    node.attributor.pod_index = real  # the log directory becomes readable
+    s = node.cycle()
+    assert pick(s, "xpu_process_gpu_memory_used_bytes", pid="52010", pod="") == {}

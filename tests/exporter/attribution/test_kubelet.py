@@ -251,3 +251,30 @@ def test_device_holders_say_when_kubelet_was_asked(sock: Path, kubelet_server: A
     assert listing is not None and listing.listed_at == 100.0
     assert client.view().last_success == 101.0
     assert listing.holders[("nvidia.com/mig-3g.71gb", MIG)] == ("nb", "j", "kernel")
+
+
+def test_an_unchanged_answer_keeps_its_allocations_tuple(sock: Path, kubelet_server: Any) -> None:
+    """What is made from the allocations downstream is reused while they are the same tuple: an unchanged List
+    must give the same one, a changed List the new allocations."""
+    _, box = kubelet_server
+    client = KubeletPodResources(sock, refresh_interval=60)
+    try:
+        first = client.refresh().allocations
+        assert client.refresh().allocations is first
+        with box.lock:
+            box.items = box.items[1:]
+        changed = client.refresh().allocations
+    finally:
+        client.stop()
+    assert set(changed) == set(box.items) != set(first)
+
+
+def test_simulated_kubelet_builds_its_list_once_per_change(sock: Path, kubelet_server: Any) -> None:
+    server, box = kubelet_server
+    first = server.list_response()
+    assert server.list_response() is first  # equal allocations: the reply already made
+    with box.lock:
+        box.items = box.items[1:]
+    changed = server.list_response()
+    assert changed is not first
+    assert sum(len(c.devices[0].device_ids) for p in changed.pod_resources for c in p.containers) == len(box.items)
