@@ -62,8 +62,8 @@ GZIP_LEVEL = 1  # 0.3x the CPU of level 5 on a 4 MiB body, for 18 % more bytes
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 SETTLE_REQUESTS = 2  # requests in a row the rhythm foresaw before publish renders only for expected requests
-LEAD_RENDERS = 8  # a publish render is expected to serve scrapes as late as the slowest of the last this many,
-LEAD_MARGIN = 1.25  # times this: a request due just after that reads it, not the render before it for its rhythm
+LEAD_RENDERS = 8  # a publish render is taken to be ready LEAD_MARGIN times the slowest of the last this many
+LEAD_MARGIN = 1.25  # after its publish: a request due sooner reads the render before (a render it waits for: never)
 GIVE_WAY_SECONDS = 0.25  # the most one publish render waits for requests in flight, whatever the clients do
 GIVE_WAY_SLICE = 0.005  # a waiting render looks again this often (a request came to wait for it)
 RENDER_SWITCH_INTERVAL = 0.001  # sys.setswitchinterval while a publish render runs, when giving way
@@ -294,8 +294,8 @@ class ExpositionCache:
 
     def publish(self, snapshot: Snapshot | None = None) -> None:
         """A new Snapshot (a sampler subscriber): render it for the formats whose rhythm is not learned yet and
-        those a request is expected for before the next one. Takes a few ms to tens of ms, on the caller's thread.
-        Without a Snapshot (a registry source), the registry is what changed."""
+        those whose next request is expected to read this render. Takes a few ms to tens of ms, on the caller's
+        thread. Without a Snapshot (a registry source), the registry is what changed."""
         now = self._monotonic()
         with self._lock:
             if snapshot is not None:
@@ -379,7 +379,8 @@ class ExpositionCache:
             elif scraper is not None:
                 scraper.seen(now)
             current, outdated = self._current, self._outdated
-            if scraper is not None:  # did the rhythm foresee this request? If not, publish renders every time until
+            if scraper is not None:  # did a publish render for this request before it came? Until it did for
+                # SETTLE_REQUESTS in a row, publish renders this format every time
                 scraper.foreseen = scraper.foreseen + 1 if scraper.rendered_for == scraper.requests else 0
             if current is not None and not outdated and now - current.made_at <= self._max_age and current.has(fmt):
                 return Payload(content_type, current.body(encoder, fmt), encoding)
