@@ -6,10 +6,15 @@ formats scrapers will ask for before the next Snapshot. Each scraper (a client h
 tracked with the time of its last request and the time between its requests. Until its rhythm is learned (a new
 scraper, a restarted one, one that missed its expected request, a request the rhythm did not foresee) its format
 is rendered at every publish while it asks at all; once its rhythm has foreseen ``SETTLE_REQUESTS`` requests in a
-row, only the Snapshot before each request it is expected to make is: with Prometheus every 15 s and a 5 s
-interval, one Snapshot in three (and one in three per replica of an HA pair). ``expect`` names formats treated as
-asked for at start (the daemon gives Prometheus' own), so the first scrape of a freshly started daemon is served
-too. Each body is encoded, and gzip-compressed when asked for with gzip, at most once per render.
+row (a publish rendered for each before it came), only the Snapshot each expected request will read is: the
+latest whose render is ready when the request comes. A render is taken to be ready ``LEAD_MARGIN`` times the
+slowest of the last ``LEAD_RENDERS`` publish renders after its publish; a request due sooner than that after a
+Snapshot comes while that Snapshot renders and reads the one before, which was rendered for it (its phase repeats,
+both rhythms are fixed: were it rendered for at the Snapshot it comes during, it would never read that render nor
+be foreseen). With Prometheus every 15 s and a 5 s interval, one Snapshot in three is rendered (and one in three
+per replica of an HA pair). ``expect`` names formats treated as asked for at start (the daemon gives Prometheus'
+own), so the first scrape of a freshly started daemon is served too. Each body is encoded, and gzip-compressed
+when asked for with gzip, at most once per render.
 
 A request its rhythm did not foresee, finding no body of its format for the latest Snapshot (a scraper arriving
 at a new phase: an HA replica joining, a restarted Prometheus), gets the latest body made in that format when it
@@ -39,6 +44,7 @@ import gzip
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -56,6 +62,8 @@ GZIP_LEVEL = 1  # 0.3x the CPU of level 5 on a 4 MiB body, for 18 % more bytes
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between two requests in a format's period
 BURST_GAP = 0.05  # requests closer than this (one client's burst) do not change a format's period
 SETTLE_REQUESTS = 2  # requests in a row the rhythm foresaw before publish renders only for expected requests
+LEAD_RENDERS = 8  # a publish render is taken to be ready LEAD_MARGIN times the slowest of the last this many
+LEAD_MARGIN = 1.25  # after its publish: a request due sooner reads the render before (a render it waits for: never)
 GIVE_WAY_SECONDS = 0.25  # the most one publish render waits for requests in flight, whatever the clients do
 GIVE_WAY_SLICE = 0.005  # a waiting render looks again this often (a request came to wait for it)
 RENDER_SWITCH_INTERVAL = 0.001  # sys.setswitchinterval while a publish render runs, when giving way
@@ -116,10 +124,9 @@ class RegistryRenderer:
 class _Exposition:
     """One render: its sections and the bodies made from them, each made once."""
 
-    def __init__(self, rendered: Rendered, made_at: float, expected: frozenset[ScraperKey] = frozenset()) -> None:
+    def __init__(self, rendered: Rendered, made_at: float) -> None:
         self.rendered = rendered
         self.made_at = made_at
-        self.expected = expected  # scrapers whose rhythm expected them to read this render
         self._bodies: dict[Format, bytes] = {}
         self._lock = threading.Lock()
 
@@ -151,30 +158,44 @@ class _Scraper:
     encoder: Encoder
     last: float  # monotonic time of the last request
     period: float | None = None  # smoothed time between requests; None until the second one
-    foreseen: int = 0  # requests in a row served a render the rhythm expected them to read
+    foreseen: int = 0  # requests in a row the rhythm foresaw: a publish rendered for each before it came
+    requests: int = 0  # requests so far, those of one burst counted once
+    rendered_for: int = 0  # the request (its number) the latest publish that expected this scraper rendered for
 
     def seen(self, now: float) -> None:
+        """A request at ``now``; one within ``BURST_GAP`` of the last is that request again (one client's burst)."""
         gap = now - self.last
         if self.overdue(now):  # back after missing requests (a restart): a new rhythm, not one long gap in the old
             self.period = None
         elif gap >= BURST_GAP:
             self.period = gap if self.period is None else self.period + PERIOD_SMOOTHING * (gap - self.period)
+        else:
+            self.last = now
+            return
+        self.requests += 1
         self.last = now
 
     @property
     def settled(self) -> bool:
         return self.foreseen >= SETTLE_REQUESTS
 
-    def expected(self, now: float, horizon: float) -> bool:
-        """Whether the next request is expected before ``horizon`` (monotonic), i.e. before the next Snapshot.
+    def expected(self, now: float, interval: float, lead: float) -> bool:
+        """Whether the next request should read the render a publish at ``now`` (monotonic) starts, ready ``lead``
+        seconds on: the request is due once it is ready and before the next publish's is, in [now + lead,
+        now + interval + lead). One due sooner comes while it renders and reads the render before, which the
+        publish before made for it (or, when none did, this one is: the request is foreseen all the same). One
+        late by more than ``lead`` is still expected (it reads this render) until it is overdue by more than a
+        period (at least a second): the scraper stopped, or was a burst (a person polling).
 
-        No allowance for a request that comes early: with the scraper a little after a Snapshot (its usual phase
-        repeats, both run on fixed rhythms), an allowance would render the Snapshot before as well, every time. A
-        request overdue by more than a period (at least a second) is no longer expected: the scraper stopped, or
-        was a burst (a person polling)."""
-        if self.period is None:
+        No allowance for a request that comes early: with the scraper a little after the render is ready (its usual
+        phase repeats, both run on fixed rhythms), an allowance would render the Snapshot before as well, every
+        time."""
+        if self.period is None or self.overdue(now):
             return False  # one request so far: no rhythm yet
-        return self.last + self.period < horizon and not self.overdue(now)
+        due = self.last + self.period
+        if due >= now + interval + lead:
+            return False  # the next publish's render is ready in time
+        return due >= now + lead or due < now - lead or self.rendered_for != self.requests + 1
 
     def overdue(self, now: float) -> bool:
         """The request expected last is late by more than a period (at least a second)."""
@@ -226,8 +247,8 @@ class ExpositionCache:
     """Renders each published Snapshot for the formats scrapers ask for, and answers scrapes from the result.
 
     ``source``: a Renderer (the daemon's collectors) or a registry, collected at every render. ``interval``:
-    seconds between Snapshots; a learned format is rendered at a publish when its next request is expected within
-    that long (None: at every publish, for every format asked for recently). ``max_age``: a render older than this
+    seconds between Snapshots; a learned format is rendered at a publish when its next request is expected to read
+    that render (None: at every publish, for every format asked for recently). ``max_age``: a render older than this
     is redone by the next scrape (0: every scrape renders, for a registry nothing publishes); give it about two
     sampling intervals. ``expect``: formats treated as asked for at start.
     """
@@ -255,6 +276,7 @@ class ExpositionCache:
         self._current: _Exposition | None = None
         self._outdated = True  # a Snapshot came that _current does not show
         self._latest: dict[Format, tuple[bytes, float]] = {}  # the latest body made in each format, and when
+        self._render_seconds: deque[float] = deque(maxlen=LEAD_RENDERS)  # from publish to its render serving
         started = monotonic()
         self._scrapers: dict[ScraperKey, _Scraper] = {
             ("", ct, gz): _Scraper((ct, gz), self._fast[ct], started) for ct, gz in expect
@@ -272,10 +294,9 @@ class ExpositionCache:
 
     def publish(self, snapshot: Snapshot | None = None) -> None:
         """A new Snapshot (a sampler subscriber): render it for the formats whose rhythm is not learned yet and
-        those a request is expected for before the next one. Takes a few ms to tens of ms, on the caller's thread.
-        Without a Snapshot (a registry source), the registry is what changed."""
+        those whose next request is expected to read this render. Takes a few ms to tens of ms, on the caller's
+        thread. Without a Snapshot (a registry source), the registry is what changed."""
         now = self._monotonic()
-        horizon = now + self._interval if self._interval is not None else None
         with self._lock:
             if snapshot is not None:
                 self._snapshot = snapshot
@@ -285,9 +306,12 @@ class ExpositionCache:
             for scraper in self._scrapers.values():
                 if scraper.overdue(now):  # it missed a request (restarting?): learn its rhythm again
                     scraper.foreseen = 0
-            expected = {k for k, a in self._scrapers.items() if horizon is None or a.expected(now, horizon)}
+            interval, lead = self._interval, LEAD_MARGIN * max(self._render_seconds, default=0.0)
+            expected = {k for k, a in self._scrapers.items() if interval is None or a.expected(now, interval, lead)}
+            for key in expected:
+                self._scrapers[key].rendered_for = self._scrapers[key].requests + 1
             wanted = {a.format: a.encoder for k, a in self._scrapers.items() if k in expected or not a.settled}
-            if not wanted:  # no request expected before the next Snapshot: one that comes anyway, see payload
+            if not wanted:  # no request expected to read this Snapshot: one that comes anyway, see payload
                 self._outdated = True
                 return
         # while this renders, scrapes are served the render before (the last one serves, see _fresh)
@@ -297,7 +321,7 @@ class ExpositionCache:
             if checkpoint is not None and switch_interval > RENDER_SWITCH_INTERVAL:
                 sys.setswitchinterval(RENDER_SWITCH_INTERVAL)  # process-wide: set back below, under the lock
             try:
-                exposition = self._render(frozenset(expected), "publish", checkpoint)
+                exposition = self._render("publish", checkpoint)
                 bodies: dict[Format, bytes] = {}
                 for fmt, encoder in wanted.items():
                     if checkpoint is not None:
@@ -308,6 +332,7 @@ class ExpositionCache:
             with self._lock:
                 self._current, self._outdated = exposition, False
                 self._latest.update({fmt: (body, exposition.made_at) for fmt, body in bodies.items()})
+                self._render_seconds.append(self._monotonic() - now)
 
     def _checkpoint(self, requests: RequestsInFlight) -> Callable[[], None]:
         """A publish render's checkpoint: while a request is in flight, wait (without the GIL), and stop waiting
@@ -350,16 +375,16 @@ class ExpositionCache:
             self._scrapers.pop(("", content_type, compress), None)  # the scraper expected at start is here
             scraper = self._scrapers.get(key)
             if scraper is None and len(self._scrapers) < MAX_SCRAPERS:
-                scraper = self._scrapers[key] = _Scraper(fmt, encoder, now)
+                scraper = self._scrapers[key] = _Scraper(fmt, encoder, now, requests=1)
             elif scraper is not None:
                 scraper.seen(now)
             current, outdated = self._current, self._outdated
+            if scraper is not None:  # did a publish render for this request before it came? Until it did for
+                # SETTLE_REQUESTS in a row, publish renders this format every time
+                scraper.foreseen = scraper.foreseen + 1 if scraper.rendered_for == scraper.requests else 0
             if current is not None and not outdated and now - current.made_at <= self._max_age and current.has(fmt):
-                if scraper is not None:  # served what publish made: did the rhythm foresee this request?
-                    scraper.foreseen = scraper.foreseen + 1 if key in current.expected else 0
                 return Payload(content_type, current.body(encoder, fmt), encoding)
             if scraper is not None:
-                scraper.foreseen = 0  # not foreseen: publish renders this format every time until it is
                 latest = self._latest.get(fmt)
                 if (current is None or outdated) and latest is not None and self._recent(fmt, latest[1], now):
                     return Payload(content_type, latest[0], encoding)
@@ -398,16 +423,14 @@ class ExpositionCache:
             with self._lock:  # another scrape may have rendered while this one waited
                 if self._current is not None and self._current is not current and not self._outdated:
                     return self._current
-            exposition = self._render(frozenset(), "request")
+            exposition = self._render("request")
             with self._lock:
                 self._current, self._outdated = exposition, False
             return exposition
         finally:
             self._render_lock.release()
 
-    def _render(
-        self, expected: frozenset[ScraperKey], side: str, checkpoint: Callable[[], None] | None = None
-    ) -> _Exposition:
+    def _render(self, side: str, checkpoint: Callable[[], None] | None = None) -> _Exposition:
         """Called with the render lock held."""
         with self._lock:
             snapshot = self._snapshot
@@ -416,4 +439,4 @@ class ExpositionCache:
         rendered = (
             self._renderer.render(snapshot) if checkpoint is None else self._renderer.render(snapshot, checkpoint)
         )
-        return _Exposition(rendered, made_at, expected)
+        return _Exposition(rendered, made_at)
