@@ -13,7 +13,9 @@ prometheus_client's encoder instead.
 
 The helpers below it (``headers``, ``series_prefix``, ``Section``, ``encode_sections``) are what the block-cached
 path writes with (exporter/collectors/render.py): a series line is the same in both formats, only the HELP/TYPE
-headers differ, so one set of lines serves text and OpenMetrics alike. ``MetricLines`` turns the families of
+headers differ, so one set of lines serves text and OpenMetrics alike. A section holds its lines in runs (a
+block's, a family's) and is joined only into a body, so a render's text is not kept a second time as one string.
+``MetricLines`` turns the families of
 collectors that still build prometheus_client objects into sections, keeping their lines between renders.
 """
 
@@ -117,14 +119,14 @@ class Section(NamedTuple):
 
     text_header: str
     om_header: str
-    lines: str
+    runs: tuple[Sequence[str], ...]  # its series lines, one string a line, in runs (a block's, a family's)
     samples: frozenset[str]  # the sample names on its lines (``name[]`` selections)
     metric: Metric | None = None
 
 
 def metric_section(metric: Metric) -> Section:
     """A family encoded by prometheus_client itself, as it would be inside a whole body."""
-    return Section("", "", "", frozenset(s.name for s in metric.samples), metric)
+    return Section("", "", (), frozenset(s.name for s in metric.samples), metric)
 
 
 def _delegated(metric: Metric, openmetrics: bool) -> str:
@@ -142,7 +144,8 @@ def encode_sections(sections: Iterable[Section], *, openmetrics: bool) -> bytes:
             out.append(_delegated(section.metric, openmetrics))
         else:
             out.append(section.om_header if openmetrics else section.text_header)
-            out.append(section.lines)
+            for run in section.runs:
+                out += run
     if openmetrics:
         out.append(OPENMETRICS_EOF)
     return "".join(out).encode("utf-8")
@@ -162,8 +165,8 @@ def select_sections(sections: Iterable[Section], names: set[str]) -> list[Sectio
         elif section.samples <= names:
             kept.append(section)
         else:
-            lines = [line for line in section.lines.splitlines(keepends=True) if _line_name(line) in names]
-            kept.append(section._replace(lines="".join(lines), samples=section.samples & names))
+            lines = [line for run in section.runs for line in run if _line_name(line) in names]
+            kept.append(section._replace(runs=(lines,), samples=section.samples & names))
     return kept
 
 
@@ -244,7 +247,7 @@ class MetricLines:
             lines[key] = line
             text.append(line[2])
             names.add(s.name)
-        return Section(head[0], head[1], "".join(text), frozenset(names))
+        return Section(head[0], head[1], (text,), frozenset(names))
 
 
 class CachingEncoder:

@@ -3,8 +3,9 @@
 ``SnapshotRenderer.render(snapshot)`` is a function of the Snapshot it is handed (and of the collectors' own
 state: faults, partitions, attribution, topology), never of what the sampler holds now. Collectors that write
 series (``exporter/collectors/series.py``) hand their keys and values straight to it: each block's lines are kept
-under the block's version, so an unchanged card, pod or topology costs one string per family, and a changed one
-formats only the values that changed. Collectors that still return prometheus_client families go through
+under the block's version, so an unchanged card, pod or topology costs its kept lists of lines, and a changed one
+formats only the values that changed. A render's text is kept once, as those lines: sections hold the blocks'
+lists and only the encoder joins them, into the body. Collectors that still return prometheus_client families go through
 ``MetricLines`` (exporter/encoding.py), which keeps their lines the same way, family by family.
 
 As node_exporter does, a collector that fails costs only its own series: ``xpu_collector_success`` says 0 and the
@@ -42,12 +43,14 @@ _NO_LINES: dict[tuple[object, ...], _Line] = {}  # never written to
 
 
 class _Block:
-    """A block's lines as the last render left them: its version, each family's text, each series' line."""
+    """A block's lines as the last render left them: its version, each family's lines in order, each series' line.
+    The text is kept once, as the lines themselves: the render's sections hold the same lists (never changed after
+    the render that wrote them), and only the encoder joins them, into the body."""
 
-    __slots__ = ("fragments", "lines", "version")
+    __slots__ = ("lines", "runs", "version")
 
-    def __init__(self, version: object, fragments: dict[Family, str], lines: _Lines) -> None:
-        self.version, self.fragments, self.lines = version, fragments, lines
+    def __init__(self, version: object, runs: dict[Family, list[str]], lines: _Lines) -> None:
+        self.version, self.runs, self.lines = version, runs, lines
 
 
 class _BlockRows:
@@ -96,7 +99,7 @@ class _BlockRows:
         return state
 
     def finish(self) -> _Block:
-        return _Block(self.version, {f: "".join(p) for f, p in self.parts.items()}, self.lines)
+        return _Block(self.version, self.parts, self.lines)
 
 
 def _prefix(family: Family, names: tuple[str, ...], values: tuple[str, ...]) -> str:
@@ -138,18 +141,16 @@ class _Writes:
 
     def finish(self) -> tuple[list[Section], dict[Hashable, _Block]]:
         blocks: dict[Hashable, _Block] = {}
+        runs: dict[Family, list[list[str]]] = {family: [] for family in self._order}
         for key, block in self._blocks.items():
             if isinstance(block, _BlockRows):
-                self._checkpoint()  # joining 800 pods' lines is a few ms
                 block = block.finish()
             blocks[key] = block
-        parts: dict[Family, list[str]] = {family: [] for family in self._order}
-        for block in blocks.values():
-            for family, text in block.fragments.items():
-                if family not in parts:
+            for family, lines in block.runs.items():
+                if family not in runs:
                     raise ValueError(f"family {family.name} written but not declared")
-                parts[family].append(text)
-        sections = [Section(f.text_header, f.om_header, "".join(parts[f]), frozenset((f.sample,))) for f in self._order]
+                runs[family].append(lines)
+        sections = [Section(f.text_header, f.om_header, tuple(runs[f]), frozenset((f.sample,))) for f in self._order]
         return sections, blocks
 
 

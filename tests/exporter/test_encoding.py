@@ -9,14 +9,14 @@ from collections.abc import Iterable
 
 import pytest
 from prometheus_client import Counter, Enum, Gauge, Histogram, Info, Summary
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import SnapshotExporter, default_collectors
-from exporter.encoding import CachingEncoder
+from exporter.encoding import CachingEncoder, MetricLines, Replay, encode_sections, select_sections
 from exporter.sampler import Sampler, SamplerSettings
 from tests.support.clock import FakeClock
 
@@ -152,3 +152,20 @@ def test_a_bug_in_the_encoder_costs_no_scrape(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(CachingEncoder, "_encode", broken)
     assert encoder(registry) == om_latest(registry)
+
+
+def test_a_name_selection_keeps_the_asked_lines_of_every_run_of_a_section() -> None:
+    """A section's lines come in runs (a block's each); ``name[]`` selects lines out of all of them, in order."""
+    histogram = HistogramMetricFamily("xpu_test_wait_seconds", "Waits.", labels=["card"])
+    for card in ("0", "1", "2"):
+        histogram.add_metric([card], buckets=[("0.5", 1.0), ("+Inf", 2.0)], sum_value=float(card) + 0.25)
+    (whole,) = MetricLines().sections([histogram])
+    lines = list(whole.runs[0])
+    in_runs = whole._replace(runs=(lines[:4], lines[4:7], lines[7:]))  # runs that cut across the cards
+    names = {"xpu_test_wait_seconds_sum", "xpu_test_wait_seconds_count"}
+    restricted = Metric(histogram.name, histogram.documentation, histogram.type)
+    restricted.samples = [s for s in histogram.samples if s.name in names]
+    for openmetrics, latest in ((False, text_latest), (True, om_latest)):
+        expected = latest(Replay([restricted]))
+        assert encode_sections(select_sections([in_runs], names), openmetrics=openmetrics) == expected
+        assert encode_sections([in_runs], openmetrics=openmetrics) == latest(Replay([histogram]))
