@@ -90,12 +90,13 @@ def kept_alive(port: int, n: int) -> list[float]:
     return out
 
 
-def fresh(port: int, n: int) -> list[float]:
+def fresh(port: int, n: int, path: str = "/metrics") -> list[float]:
+    """Seconds per GET of ``path``, each on a new connection."""
     out = []
     for _ in range(n):
         start = time.perf_counter()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/metrics")
+        conn.request("GET", path)
         conn.getresponse().read()
         conn.close()
         out.append(time.perf_counter() - start)
@@ -108,15 +109,7 @@ def under_idle(port: int, n: int) -> tuple[list[float], int]:
     try:
         time.sleep(0.5)
         threads = threading.active_count()
-        out = []
-        for _ in range(n):
-            start = time.perf_counter()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("GET", "/healthz")
-            conn.getresponse().read()
-            conn.close()
-            out.append(time.perf_counter() - start)
-        return out, threads
+        return fresh(port, n, "/healthz"), threads
     finally:
         for s in idle:
             s.close()
