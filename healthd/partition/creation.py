@@ -208,7 +208,6 @@ class PartitionCreation(PartitionLedger):
             record = await self._start_tdm(record)
         else:
             record = await self._start_mig(gpu, record, quota, request)
-        await self._write_cdi()
         log.info(
             "partition created",
             partition=record.id,
@@ -265,7 +264,7 @@ class PartitionCreation(PartitionLedger):
                 await self._forget(record.id)
                 raise unavailable(f"MPS control daemon for GPU {record.gpu} did not start: {exc}") from exc
             record = replace(record, state=State.READY)
-            await self._save(record)
+            await self._save_ready(record)
             return record
         finally:
             self._creating.discard(record.id)
@@ -315,7 +314,7 @@ class PartitionCreation(PartitionLedger):
                         "is adopted or removed"
                     ) from None
             record = replace(record, state=State.READY, mig=placement_of(inst))
-            await self._save(record)
+            await self._save_ready(record)
             return record
         finally:
             self._creating.discard(record.id)

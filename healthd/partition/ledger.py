@@ -303,6 +303,12 @@ class PartitionLedger:
         self._records[record.id] = record
         self._publish()
 
+    async def _save_ready(self, record: PartitionRecord) -> None:
+        """Save a row that has become ready, after its CDI device is in the spec: no one (a retry, a Get, a List)
+        sees a partition ready whose CDI name does not resolve yet."""
+        await self._write_cdi(record)
+        await self._save(record)
+
     async def _forget(self, partition_id: str) -> None:
         await self._store(self.store.delete, partition_id)
         self._records.pop(partition_id, None)
@@ -323,8 +329,7 @@ class PartitionLedger:
                     await self._save(replace(current, lease_expires_at=current.lease_expires_at + step))
 
     async def _write_cdi(self, *about_to_be_ready: PartitionRecord) -> None:
-        """``about_to_be_ready``: rows saved ready only after this write, so that no one sees a partition ready
-        (a retry, a Get) before its CDI device is in the spec."""
+        """``about_to_be_ready``: rows that ``_save_ready`` saves only after this write."""
         records = {**self._records, **{r.id: r for r in about_to_be_ready}}
         ready = [r for r in records.values() if r.state is State.READY and r.gpu in self._infos]
 

@@ -128,9 +128,7 @@ class PartitionManager(PartitionCreation):
             except MpsError as exc:
                 log.error("cannot start MPS for stored partition; will retry", partition=record.id, error=str(exc))
             if record.state is State.CREATING:
-                ready = replace(record, state=State.READY)
-                await self._write_cdi(ready)  # its CDI name resolves before anyone sees it ready
-                await self._save(ready)
+                await self._save_ready(replace(record, state=State.READY))
             return
         # MIG: adopt our instance (also one whose create passed its deadline), or drop the row if there is none
         assert record.mig is not None
@@ -143,8 +141,9 @@ class PartitionManager(PartitionCreation):
             return
         adopted = replace(record, state=State.READY, mig=placement_of(match))
         if record.state is State.CREATING:
-            await self._write_cdi(adopted)  # its CDI name resolves before anyone sees it ready
-        await self._save(adopted)
+            await self._save_ready(adopted)
+        else:  # ready already: start() writes the whole spec once every card has joined
+            await self._save(adopted)
         log.info("adopted MIG instance", partition=record.id, gpu=gpu, gpu_instance_id=match.gpu_instance_id)
         await self._refresh_foreign(gpu)
 

@@ -283,3 +283,36 @@ def test_a_late_mig_create_is_in_the_cdi_spec_once_adopted_and_retries_wait_for_
         await m.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("mode", [CardMode.TDM, CardMode.MIG])
+def test_a_partition_created_the_normal_way_is_never_listed_ready_before_its_cdi_device_is_in_the_spec(
+    tmp_path: Path, backend: SimulatedBackend, mode: CardMode
+) -> None:
+    """While a create waits on a slow spec write, a Get or List made meanwhile (another client) never sees a ready
+    partition whose CDI name a runtime could not resolve yet."""
+
+    async def go() -> None:
+        clock = FakeClock()
+        m = make_manager(tmp_path, backend, clock, cdi=SlowCdi)
+        await m.start()
+        gpu = "6" if mode is CardMode.MIG else "5"  # card 6 of h200x8 has MIG mode on
+        await m.set_mode(gpu, mode)
+        spec_path = tmp_path / "cdi" / "xpu-runtime-kit.io-gpu.json"
+        unresolved: list[str] = []
+        creating = asyncio.ensure_future(m.create(CreateRequest(LEASE, gpu, 10, 10240, lease_ttl_seconds=600)))
+        while not creating.done():
+            ready = [r.id for r in m.list_partitions() if r.state is State.READY]
+            if ready:
+                spec = json.loads(spec_path.read_text()) if spec_path.exists() else {"devices": []}
+                names = {d["name"] for d in spec["devices"]}
+                unresolved += [pid for pid in ready if pid not in names]
+            await asyncio.sleep(0.01)
+        record = creating.result()
+        assert record.state is State.READY
+        assert not unresolved, f"listed ready before its CDI device was written: {unresolved}"
+        spec = json.loads(spec_path.read_text())
+        assert record.id in {d["name"] for d in spec["devices"]}
+        await m.close()
+
+    asyncio.run(go())
