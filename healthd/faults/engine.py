@@ -93,6 +93,7 @@ class FaultEngine:
         self._stored_at: dict[str, float] = {}  # fault id -> when its state was last written (record or touch)
         self._committed: tuple[Fault, ...] = ()  # active faults as of the last commit: what readers see
         self._checks: dict[tuple[str, str], CheckState] = {}  # (check, gpu uuid or "") -> latest result
+        self._statuses_version = 0  # moves when a check's status on a GPU does (see check_statuses)
         self._xid_counts: dict[tuple[str, str, str], int] = {}  # (gpu index, uuid, xid) -> events since start
         self._last_prune = 0.0
         for fault in journal.active_faults():
@@ -122,7 +123,11 @@ class FaultEngine:
     def _evaluate_report(self, report: ProbeReport, now: float) -> tuple[list[Change], list[Fault]]:
         """The report's changes to the in-memory state (the caller holds both locks)."""
         for result in report.results:
-            self._checks[(result.check, _uuid(result.gpu))] = CheckState(result, now)
+            key = (result.check, _uuid(result.gpu))
+            old = self._checks.get(key)
+            if old is None or old.result.status is not result.status or old.result.gpu != result.gpu:
+                self._statuses_version += 1
+            self._checks[key] = CheckState(result, now)
         changes: list[Change] = []
         touched: list[Fault] = []
         seen: dict[str, Finding] = {}
@@ -197,6 +202,14 @@ class FaultEngine:
     def check_states(self) -> list[CheckState]:
         with self._state:
             return list(self._checks.values())
+
+    def check_statuses(self) -> tuple[int, list[CheckState]]:
+        """``check_states()`` with a version that moves whenever a check's status (or GPU) in them does, or a new
+        check or GPU appears: under an equal version the states' (check, gpu, status) and their order are the
+        same, however many reports repeated them (every report makes new CheckStates). Metrics keep their
+        status lines under it."""
+        with self._state:
+            return self._statuses_version, list(self._checks.values())
 
     def xid_counts(self) -> Mapping[tuple[str, str, str], int]:
         with self._state:

@@ -377,3 +377,26 @@ def test_worse_repeat_within_one_report_reaches_the_hook(tmp_path: Path) -> None
     records = engine.accept_report(ProbeReport("xid", (), (xid(13), fatal, fatal)))
     assert [(r.kind.value, r.fault.action, r.fault.count) for r in records] == [("opened", Action.REBOOT_NODE, 3)]
     assert engine.journal.outbox_depth() == {"unix:/h.sock": 1}
+
+
+def test_the_check_status_version_moves_only_when_a_status_does(tmp_path: Path) -> None:
+    """Every report makes new CheckStates; the version metrics keep their lines under stays while the statuses do."""
+    engine = make_engine(tmp_path, FakeClock())
+    version, states = engine.check_statuses()
+    assert states == []
+    engine.accept_report(ecc_report())
+    first, states = engine.check_statuses()
+    assert first != version and [s.result.gpu for s in states] == [GPU0, GPU1]
+    engine.accept_report(ecc_report())  # the same statuses again
+    again, repeated = engine.check_statuses()
+    assert again == first and repeated[0] is not states[0]
+    engine.accept_report(ecc_report(status={1: CheckStatus.WARNING}))
+    warned, _ = engine.check_statuses()
+    assert warned != again
+    moved = replace(GPU0, index=5)  # the same card (uuid) under another index
+    engine.accept_report(ProbeReport("ecc", (CheckResult("ecc", moved, CheckStatus.OK),), ()))
+    renumbered, _ = engine.check_statuses()
+    assert renumbered != warned
+    engine.accept_report(ProbeReport("fabric", (CheckResult("fabric", None, CheckStatus.OK),), ()))  # a new check
+    assert engine.check_statuses()[0] != renumbered
+    assert [s.result for s in engine.check_statuses()[1]] == [s.result for s in engine.check_states()]
