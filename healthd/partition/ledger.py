@@ -112,6 +112,7 @@ class PartitionLedger:
         self._default_sharing = default_sharing
         self._sharing: dict[int, SharingPolicy] = {}  # TDM cards' sharing policy
         self._records: dict[str, PartitionRecord] = {}
+        self._becoming_ready: dict[str, PartitionRecord] = {}  # rows whose CDI device is being written (_save_ready)
         self._card_locks: dict[int, asyncio.Lock] = {}
         self._request_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, callers holding it)
         self._creating: set[str] = set()  # partition ids whose create is running now
@@ -306,8 +307,13 @@ class PartitionLedger:
     async def _save_ready(self, record: PartitionRecord) -> None:
         """Save a row that has become ready, after its CDI device is in the spec: no one (a retry, a Get, a List)
         sees a partition ready whose CDI name does not resolve yet."""
-        await self._write_cdi(record)
-        await self._save(record)
+        # creates on other cards run meanwhile: their spec writes must keep this device too
+        self._becoming_ready[record.id] = record
+        try:
+            await self._write_cdi()
+            await self._save(record)
+        finally:
+            self._becoming_ready.pop(record.id, None)
 
     async def _forget(self, partition_id: str) -> None:
         await self._store(self.store.delete, partition_id)
@@ -330,7 +336,7 @@ class PartitionLedger:
 
     async def _write_cdi(self, *about_to_be_ready: PartitionRecord) -> None:
         """``about_to_be_ready``: rows that ``_save_ready`` saves only after this write."""
-        records = {**self._records, **{r.id: r for r in about_to_be_ready}}
+        records = {**self._records, **self._becoming_ready, **{r.id: r for r in about_to_be_ready}}
         ready = [r for r in records.values() if r.state is State.READY and r.gpu in self._infos]
 
         def write() -> None:
