@@ -12,8 +12,10 @@ Process-wide settings, made by ``xpu-healthd``'s ``main`` and its /metrics publi
   from 700 to ``YOUNG_THRESHOLD`` net allocations of container objects: a sampling cycle's Snapshot, attribution
   records and render lines live one cycle and are freed by their reference counts, so at the default threshold
   a 64-card node ran about 85 young and 8 middle collections and most of a full one per cycle, all finding
-  nothing (a quarter of a cycle's CPU in an in-process trial). The collector still runs once that many objects
-  are held: cyclic garbage stays bounded by it (a few MiB), not left for ever.
+  nothing (a quarter of a cycle's CPU in an in-process trial). At 10,000 a 64-card node still ran about 11
+  young collections (2 ms each) and one middle one (7-9 ms) per cycle, a fifth of the daemon's CPU; at 100,000
+  it runs about one young collection per cycle. The collector still runs once that many objects are held:
+  cyclic garbage stays bounded by it (at most tens of MiB; the daemon makes almost none), not left for ever.
 - ``fix_mmap_threshold`` with the arenas. glibc serves an allocation of 128 KiB or more with its own mapping,
   returned to the system when freed, but raises that threshold to the size of each such block freed (up to 32
   MiB): after the first renders a 64-card node's bodies and joined text (1-13 MiB) came from the heap, where the
@@ -46,7 +48,7 @@ log = structlog.get_logger("heap")
 
 MALLOC_ARENAS = 2
 MMAP_THRESHOLD = 128 * 1024  # glibc's starting value, kept
-YOUNG_THRESHOLD = 10_000  # Python's default is 700
+YOUNG_THRESHOLD = 100_000  # Python's default is 700
 _M_ARENA_MAX = -8  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
 _MADV_DONTNEED = 4  # Linux asm-generic/mman-common.h

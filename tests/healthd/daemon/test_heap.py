@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.exposition import ExpositionCache
-from healthd.daemon.heap import clean_file_mappings
+from healthd.daemon.heap import YOUNG_THRESHOLD, clean_file_mappings
 from healthd.daemon.metrics import publisher
 from tests.support.servicehelpers import running_daemon
 
@@ -82,7 +82,7 @@ def test_the_daemon_settles_its_heap_once_it_is_ready(tmp_path: Path) -> None:
         names = [e.get("event") for e in daemon.events()]
         assert names.index("ready") < names.index("heap settled")
         assert settled["frozen"] > 10_000  # modules, classes and the daemon's components
-        assert settled["threshold"][0] == 10_000
+        assert settled["threshold"][0] == YOUNG_THRESHOLD
         assert settled["released_kib"] > 1024  # the libraries' start-up pages (Linux: smaps and madvise)
         assert daemon.stop() == 0
 
