@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.attribution.cgroup import CgroupOwner
 from exporter.attribution.kubelet import KubeletPodResources, PodResourcesView, split_device_id
@@ -43,8 +44,12 @@ _NOBODY = Workload()
 _NO_HOLDERS: frozenset[Workload] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class AttributedProcess:
+class AttributedProcess(NamedTuple):
+    """One GPU process and who it belongs to. A NamedTuple, not a frozen dataclass: one is built for every process
+    whose readings moved, every cycle (3,200 at 64 busy cards), and ``tuple.__new__`` builds one about 4x faster.
+    It is as immutable (records are handed to scrape threads) and compares and hashes field by field as the
+    dataclass did (the collectors' block versions); unlike it, it also equals a plain tuple of the same values."""
+
     gpu: int
     uuid: str  # the card's UUID (join key with card metrics)
     gpu_instance_id: str  # MIG GPU instance, "" when the process runs on the whole card
@@ -87,6 +92,7 @@ class _Device:
 
 
 _Seen = tuple[GpuProcess, object, object, object, AttributedProcess]  # per PID: the last cycle's inputs and record
+_new_record = tuple.__new__  # builds an AttributedProcess from its fields without the Python-level __new__ call
 
 
 def _record(gpu: GpuSnapshot, proc: GpuProcess, name: str, workload: Workload, mps: bool) -> AttributedProcess:
@@ -209,16 +215,19 @@ class Attributor:
                     if name == record.name:
                         memory = proc.used_memory_bytes
                         sm = proc.sm_utilization_ratio
-                        record = AttributedProcess(
-                            card,
-                            uuid,
-                            gi,
-                            pid,
-                            name,
-                            None if memory is UNSUPPORTED else memory,
-                            None if sm is UNSUPPORTED else sm,
-                            record.workload,
-                            record.mps_server,
+                        record = _new_record(
+                            AttributedProcess,
+                            (
+                                card,
+                                uuid,
+                                gi,
+                                pid,
+                                name,
+                                None if memory is UNSUPPORTED else memory,
+                                None if sm is UNSUPPORTED else sm,
+                                record.workload,
+                                record.mps_server,
+                            ),
                         )
                         after[pid] = (proc, identity, held, index, record)
                         processes.append(record)
