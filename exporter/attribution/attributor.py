@@ -102,17 +102,6 @@ def _record(gpu: GpuSnapshot, proc: GpuProcess, name: str, workload: Workload, m
     return AttributedProcess(gpu.index, gpu.uuid, instance, proc.pid, name, memory, sm, workload, mps)
 
 
-def _same(was: GpuProcess, proc: GpuProcess) -> bool:
-    """``was == proc`` for two listings of one PID (so not its pid), the field most likely to move first: the
-    dataclass's own ``__eq__`` builds two tuples of every field."""
-    return was is proc or (
-        was.sm_utilization_ratio == proc.sm_utilization_ratio
-        and was.used_memory_bytes == proc.used_memory_bytes
-        and was.gpu_instance_id == proc.gpu_instance_id
-        and was.name == proc.name
-    )
-
-
 def _device_index(snapshot: Snapshot) -> dict[str, _Device]:
     """Every id kubelet may use for a device here: GPU UUID, MIG device UUID, nvidiaN (minor number)."""
     out: dict[str, _Device] = {}
@@ -205,9 +194,23 @@ class Attributor:
                 if last is not None and last[1] is identity and last[2] is held and last[3] == index:
                     # identity, card holders and log index as last cycle: the same workload. The last record
                     # itself while NVML lists the process as before, else a new one with the new readings, unless
-                    # its name changed (which decides whether it is the MPS server).
+                    # its name changed (which decides whether it is the MPS server). "As before" is the
+                    # GpuProcess's equality but for the pid (the key), its most changing field first, inline: the
+                    # dataclass __eq__ builds two tuples of every field, and this runs for every process.
                     was, record = last[0], last[4]
-                    if record.gpu == card and record.uuid == uuid and _same(was, proc):
+                    if (
+                        record.gpu == card
+                        and record.uuid == uuid
+                        and (
+                            was is proc
+                            or (
+                                was.sm_utilization_ratio == proc.sm_utilization_ratio
+                                and was.used_memory_bytes == proc.used_memory_bytes
+                                and was.gpu_instance_id == proc.gpu_instance_id
+                                and was.name == proc.name
+                            )
+                        )
+                    ):
                         after[pid] = (proc, identity, held, index, record)
                         processes.append(record)
                         continue
