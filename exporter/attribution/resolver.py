@@ -56,7 +56,7 @@ class ProcResolver:
         if cached is not None and (self._cycle + pid) % self.verify_every != 0:
             return cached
         base = f"{self._root}/{pid}"
-        start = _start_time(_read(base + "/stat"))
+        start = _start_time(_read_bytes(base + "/stat"))
         if start is None:
             self._cache.pop(pid, None)
             return None
@@ -84,29 +84,37 @@ class ProcResolver:
 
 
 def _read(path: str) -> str:
+    return _read_bytes(path).decode(errors="replace")
+
+
+def _read_bytes(path: str) -> bytes:
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError:
-        return ""
+        return b""
     try:
-        chunks = []
+        data = os.read(fd, _CHUNK)
+        if len(data) < _CHUNK:  # /proc hands a small file over in one read: no second call for the EOF
+            return data
+        chunks = [data]
         while chunk := os.read(fd, _CHUNK):
             chunks.append(chunk)
-            if len(chunk) < _CHUNK:  # /proc hands a small file over in one read: no second call for the EOF
+            if len(chunk) < _CHUNK:
                 break
     except OSError:
-        return ""
+        return b""
     finally:
         os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks)
 
 
-def _start_time(text: str) -> int | None:
+def _start_time(stat: bytes) -> int | None:
+    """Field 22 of /proc/<pid>/stat, parsed as bytes (no decoding: it runs for 1/N of the known PIDs every cycle)."""
     # comm (field 2) may hold spaces and parentheses: fields after the last ')' start at field 3 (state)
-    close = text.rfind(")")
+    close = stat.rfind(b")")
     if close < 0:
         return None
-    fields = text[close + 1 :].split()
+    fields = stat[close + 1 :].split()
     try:
         return int(fields[19])  # field 22: starttime
     except (IndexError, ValueError):
