@@ -29,7 +29,7 @@ import structlog
 
 from exporter.attribution.api.podresources.v1 import api_pb2 as pb
 from exporter.attribution.api.podresources.v1 import api_pb2_grpc
-from exporter.attribution.kubelet import DeviceAllocation
+from exporter.attribution.kubelet import NO_BDP_PROBE, DeviceAllocation
 from exporter.backends.simulated import PodPlacement, SimulatedBackend, SimulatedWorkload
 from healthd.host.view import kubelet_socket_path
 
@@ -93,7 +93,9 @@ class SimulatedKubelet:
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
-        server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet"))
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet"), options=[NO_BDP_PROBE]
+        )
         api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
         server.add_insecure_port(f"unix:{self.socket_path}")
         server.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -278,3 +280,62 @@ def test_simulated_kubelet_builds_its_list_once_per_change(sock: Path, kubelet_s
     changed = server.list_response()
     assert changed is not first
     assert sum(len(c.devices[0].device_ids) for p in changed.pod_resources for c in p.containers) == len(box.items)
+
+
+class _FrameTap:
+    """A unix-socket relay between a client and a server that records the type of every HTTP/2 frame each end
+    sends (RFC 9113 section 4.1: a 9-byte header, length in the first three bytes, type in the fourth)."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    PING = 6
+
+    def __init__(self, front: Path, back: Path) -> None:
+        self.back = back
+        self.sent: dict[str, list[int]] = {"client": [], "server": []}
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(str(front))
+        self._listener.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                server = socket.socket(socket.AF_UNIX)
+                server.connect(str(self.back))
+                threading.Thread(target=self._relay, args=(client, server, "client"), daemon=True).start()
+                threading.Thread(target=self._relay, args=(server, client, "server"), daemon=True).start()
+
+    def _relay(self, src: socket.socket, dst: socket.socket, side: str) -> None:
+        pending = b""
+        preface = side == "client"
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+                pending += data
+                if preface:
+                    if len(pending) < len(self.PREFACE):
+                        continue
+                    pending, preface = pending[len(self.PREFACE) :], False
+                while len(pending) >= 9 and len(pending) >= 9 + (size := int.from_bytes(pending[:3], "big")):
+                    self.sent[side].append(pending[3])
+                    pending = pending[9 + size :]
+
+
+def test_no_bdp_pings_between_the_client_and_the_simulated_kubelet(sock: Path, kubelet_server: Any) -> None:
+    """Neither end sends HTTP/2 PINGs (BDP probing is off on both): every ping would wake gRPC's EventEngine
+    workers between two refreshes (exporter/attribution/kubelet.py's NO_BDP_PROBE)."""
+    front = sock.with_name("tap.sock")
+    tap = _FrameTap(front, sock)
+    client = KubeletPodResources(front, refresh_interval=60)
+    try:
+        for _ in range(3):
+            assert client.refresh().state == "ok"
+    finally:
+        client.stop()
+        tap.close()
+    assert _FrameTap.PING not in tap.sent["client"] and _FrameTap.PING not in tap.sent["server"], tap.sent
+    assert 0 in tap.sent["client"] and 0 in tap.sent["server"]  # DATA both ways: the calls went through the tap
