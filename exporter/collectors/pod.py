@@ -66,12 +66,15 @@ def pod_labels(
 
 
 class PodCollector(SeriesCollector):
-    """Two blocks per pod, its containers' sums and its allocations, each kept while unchanged.
+    """Three blocks per pod, each kept while unchanged: its containers' SM sums, their memory sums and process
+    counts, and its allocations.
 
-    The sums' block is versioned by the pod's processes as attribution gave them (the Attributor hands back the
-    same objects for unchanged processes), the allocations' by kubelet's (the same tuple while its answer is), so
-    an unchanged pod costs a grouping step and two comparisons; only a changed pod has its sums added up and its
-    lines written, and a pod whose usage moved keeps its allocation lines."""
+    The memory and counts block is versioned by the pod's layout: its containers on their cards, kept while each
+    process's container, card, GPU instance and memory (in order) stay as they were; the SM block by that layout
+    and the containers' SM shares; the allocations' by kubelet's answer (the same tuple while it is the same). So
+    a pod costs a grouping step, its SM shares added up and three comparisons; only a changed family of it is
+    written (on a busy node every pod's SM shares move every cycle, while its memory, counts and allocations
+    stay)."""
 
     name = "pod"
 
@@ -80,6 +83,7 @@ class PodCollector(SeriesCollector):
         # kubelet's allocations by pod, for the allocations tuple they were grouped from (one reference, swapped
         # whole: a render and a families() call on another thread at worst both group the same tuple)
         self._grouped: tuple[tuple[Allocation, ...], dict[_Pod, tuple[Allocation, ...]]] = ((), {})
+        self._layouts: dict[_Pod, _Layout] = {}  # by pod, from the last write (swapped whole, as _grouped)
 
     def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
         attribution = self._source()
@@ -97,16 +101,29 @@ class PodCollector(SeriesCollector):
                 else:
                     found.append(p)
         allocations = self._allocations(attribution.allocations)
+        last, layouts = self._layouts, {}
         for key in sorted(procs.keys() | allocations.keys()):
-            # two blocks: usage, which moves with the processes, and allocations, which stay while kubelet's
-            # answer does (each family in one of them only, so its lines keep their order)
+            # three blocks: SM use, which moves with the processes; memory and counts, which stay while the
+            # processes' memory and containers do; allocations, which stay while kubelet's answer does (each
+            # family in one of them only, so its lines keep their order)
             mine = procs.get(key)
             processes = tuple(mine) if mine else ()
-            if (rows := out.block(key, processes)) is not None:
-                _usage(rows, key, processes)
-            held = allocations.get(key, ())
-            if (rows := out.block(("allocated", key), held)) is not None:
-                _allocated(rows, held)
+            held = tuple([(p.workload.container, p.uuid, p.gpu_instance_id, p.used_memory_bytes) for p in processes])
+            layout = last.get(key)
+            if layout is None or layout.held != held:
+                layout = _Layout(key, held)
+            layouts[key] = layout
+            if (rows := out.block(("memory", key), layout)) is not None:
+                _memory(rows, layout)
+            shares = _shares(layout, processes)
+            if (rows := out.block(key, (layout, shares))) is not None:
+                for (names, values), share in zip(layout.labels, shares, strict=True):
+                    if share is not None:
+                        rows.add_named(SM, names, values, share)
+            allocated = allocations.get(key, ())
+            if (rows := out.block(("allocated", key), allocated)) is not None:
+                _allocated(rows, allocated)
+        self._layouts = layouts
         _kubelet(out, attribution.kubelet, attribution.unmatched_device_ids)
 
     def _allocations(self, allocations: tuple[Allocation, ...]) -> dict[_Pod, tuple[Allocation, ...]]:
@@ -121,23 +138,44 @@ class PodCollector(SeriesCollector):
         return out
 
 
-def _usage(rows: Rows, key: _Pod, processes: tuple[AttributedProcess, ...]) -> None:
-    namespace, pod = key
-    sums: dict[_Container, list[float | None]] = {}
-    for p in processes:
-        acc = sums.setdefault((p.workload.container, p.uuid, p.gpu_instance_id), [None, None, 0.0])
-        if p.used_memory_bytes is not None:
-            acc[0] = (acc[0] or 0.0) + p.used_memory_bytes
-        if p.sm_utilization_ratio is not None:
-            acc[1] = (acc[1] or 0.0) + p.sm_utilization_ratio
-        acc[2] = (acc[2] or 0.0) + 1
-    for (container, uuid, gi), (mem, util, n) in sorted(sums.items()):  # by container, card, GPU instance
-        names, values = pod_labels(namespace, pod, container, uuid, gi)
-        if mem is not None:
-            rows.add_named(MEMORY, names, values, mem)
-        if util is not None:
-            rows.add_named(SM, names, values, min(1.0, util))
-        rows.add_named(COUNT, names, values, n or 0.0)
+class _Layout:
+    """A pod's containers on their cards, from (container, uuid, GPU instance, memory) per process (``held``): each
+    process's place among them (``slots``), and their label names and values, sorted by container, card and GPU
+    instance (``labels``)."""
+
+    __slots__ = ("held", "labels", "slots")
+
+    def __init__(self, key: _Pod, held: tuple[tuple[str, str, str, int | None], ...]) -> None:
+        first: dict[_Container, None] = dict.fromkeys((c, uuid, gi) for c, uuid, gi, _ in held)
+        order = sorted(first)
+        place = {c: i for i, c in enumerate(order)}
+        self.held = held
+        self.slots = tuple(place[(c, uuid, gi)] for c, uuid, gi, _ in held)
+        self.labels = tuple(pod_labels(*key, *c) for c in order)
+
+
+def _memory(rows: Rows, layout: _Layout) -> None:
+    """Memory (summed in the processes' order) and process count per container and card."""
+    memory: list[float | None] = [None] * len(layout.labels)
+    count = [0.0] * len(layout.labels)
+    for (_, _, _, used), slot in zip(layout.held, layout.slots, strict=True):
+        if used is not None:
+            memory[slot] = (memory[slot] or 0.0) + used
+        count[slot] += 1
+    for (names, values), used_sum, n in zip(layout.labels, memory, count, strict=True):
+        if used_sum is not None:
+            rows.add_named(MEMORY, names, values, used_sum)
+        rows.add_named(COUNT, names, values, n)
+
+
+def _shares(layout: _Layout, processes: tuple[AttributedProcess, ...]) -> tuple[float | None, ...]:
+    """SM share per container and card in the layout's order (summed in the processes' order, at most 1): None for
+    a container none of whose processes has one. Never -0.0 (a sum starts at 0.0), so equal shares print alike."""
+    shares: list[float | None] = [None] * len(layout.labels)
+    for p, slot in zip(processes, layout.slots, strict=True):
+        if (ratio := p.sm_utilization_ratio) is not None:
+            shares[slot] = (shares[slot] or 0.0) + ratio
+    return tuple([None if share is None else min(1.0, share) for share in shares])
 
 
 def _allocated(rows: Rows, allocs: tuple[Allocation, ...]) -> None:

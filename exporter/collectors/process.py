@@ -15,8 +15,9 @@ series.
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import copysign
 
-from exporter.attribution.attributor import AttributedProcess, Attribution
+from exporter.attribution.attributor import AttributedProcess, Attribution, Workload
 from exporter.collectors.base import GPU_LABELS, NoDataError
 from exporter.collectors.series import Exposer, Family, Rows, SeriesCollector
 from exporter.snapshot import Snapshot
@@ -56,7 +57,13 @@ def process_labels(p: AttributedProcess) -> tuple[tuple[str, ...], tuple[str, ..
 
 
 class ProcessCollector(SeriesCollector):
-    """One block per card, kept while the card's attributed processes are unchanged."""
+    """Two blocks per card, each kept while unchanged: its processes' memory (and the folded count), and their SM
+    shares.
+
+    The memory block is versioned by the card's layout: which processes keep their own series, in which order,
+    with which labels, kept while each process's pid, name, GPU instance, workload and memory (in attribution's
+    order) stay as they were; the SM block by that layout and the shares. On a busy node every process's SM share
+    moves every cycle while its memory stays: only the SM lines are written."""
 
     name = "process"
 
@@ -65,6 +72,9 @@ class ProcessCollector(SeriesCollector):
             raise ValueError("max_per_gpu must be >= 1")
         self._source = source
         self.max_per_gpu = max_per_gpu
+        # by card, from the last write (one reference, swapped whole: a render and a families() call on another
+        # thread at worst both make a card's layout)
+        self._layouts: dict[tuple[int, str], _Layout] = {}
 
     def write(self, snapshot: Snapshot, now: float, out: Exposer) -> None:
         attribution = self._source()
@@ -74,27 +84,55 @@ class ProcessCollector(SeriesCollector):
         by_gpu: dict[tuple[int, str], list[AttributedProcess]] = {}
         for p in attribution.processes:
             by_gpu.setdefault((p.gpu, p.uuid), []).append(p)
+        limit, last, layouts = self.max_per_gpu, self._layouts, {}
         for key, procs in sorted(by_gpu.items()):
-            rows = out.block(key, (tuple(procs), self.max_per_gpu))
-            if rows is not None:
-                self._card(rows, key, procs)
+            held = tuple([(p.pid, p.name, p.gpu_instance_id, p.workload, p.used_memory_bytes) for p in procs])
+            layout = last.get(key)
+            if layout is None or layout.held != held or layout.limit != limit:
+                layout = _Layout(procs, held, limit)
+            layouts[key] = layout
+            if (rows := out.block(("memory", key), layout)) is not None:
+                _memory(rows, key, layout)
+            shares = [procs[i].sm_utilization_ratio for i in layout.kept]
+            rest = [r for i in layout.rest if (r := procs[i].sm_utilization_ratio) is not None]
+            other = min(1.0, sum(rest)) if rest else None  # a sum starts at 0: never -0.0
+            # 0.0 and -0.0 are equal but print apart: a zero's sign is part of the version
+            signs = tuple([copysign(1.0, r) for r in shares if r is not None and r == 0.0])
+            if (rows := out.block(key, (layout, tuple(shares), other, signs))) is not None:
+                for (names, values), share in zip(layout.labels, shares, strict=True):
+                    if share is not None:
+                        rows.add_named(SM, names, values, share)
+                if other is not None:
+                    rows.add_named(SM, PROCESS_LABELS, (key[1], "", OTHER, "", "", ""), other)
+        self._layouts = layouts
 
-    def _card(self, rows: Rows, card: tuple[int, str], procs: list[AttributedProcess]) -> None:
-        gpu, uuid = card
-        procs.sort(key=lambda p: (-(p.used_memory_bytes or 0), p.pid))
-        kept, rest = procs[: self.max_per_gpu], procs[self.max_per_gpu :]
-        for p in kept:
-            names, values = process_labels(p)
-            if p.used_memory_bytes is not None:
-                rows.add_named(MEMORY, names, values, float(p.used_memory_bytes))
-            if p.sm_utilization_ratio is not None:
-                rows.add_named(SM, names, values, p.sm_utilization_ratio)
-        rows.add(FOLDED, (str(gpu), uuid), float(len(rest)))
-        if rest:
-            other = (uuid, "", OTHER, "", "", "")
-            mem_known = [p.used_memory_bytes for p in rest if p.used_memory_bytes is not None]
-            sm_known = [p.sm_utilization_ratio for p in rest if p.sm_utilization_ratio is not None]
-            if mem_known:
-                rows.add_named(MEMORY, PROCESS_LABELS, other, float(sum(mem_known)))
-            if sm_known:
-                rows.add_named(SM, PROCESS_LABELS, other, min(1.0, sum(sm_known)))
+
+class _Layout:
+    """A card's processes as their series show them: the ``limit`` using the most memory (``kept``, indices into
+    attribution's order, most memory first) with their label names and values (``labels``), and the rest folded
+    (``rest``), from (pid, name, GPU instance, workload, memory) per process (``held``)."""
+
+    __slots__ = ("held", "kept", "labels", "limit", "rest")
+
+    def __init__(
+        self,
+        procs: list[AttributedProcess],
+        held: tuple[tuple[int, str, str, Workload, int | None], ...],
+        limit: int,
+    ) -> None:
+        order = sorted(range(len(procs)), key=lambda i: (-(procs[i].used_memory_bytes or 0), procs[i].pid))
+        self.held, self.limit = held, limit
+        self.kept, self.rest = tuple(order[:limit]), tuple(order[limit:])
+        self.labels = tuple(process_labels(procs[i]) for i in self.kept)
+
+
+def _memory(rows: Rows, card: tuple[int, str], layout: _Layout) -> None:
+    gpu, uuid = card
+    held = layout.held
+    for i, (names, values) in zip(layout.kept, layout.labels, strict=True):
+        if (used := held[i][4]) is not None:
+            rows.add_named(MEMORY, names, values, float(used))
+    rows.add(FOLDED, (str(gpu), uuid), float(len(layout.rest)))
+    rest = [used for i in layout.rest if (used := held[i][4]) is not None]
+    if rest:
+        rows.add_named(MEMORY, PROCESS_LABELS, (uuid, "", OTHER, "", "", ""), float(sum(rest)))
