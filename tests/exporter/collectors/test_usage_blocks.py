@@ -6,7 +6,6 @@ writes, render after render; and a family whose lines did not change is the last
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -61,7 +60,7 @@ allocations = st.builds(
 
 
 def _on_its_card(p: AttributedProcess) -> AttributedProcess:
-    return replace(p, uuid=f"GPU-{p.gpu}")
+    return p._replace(uuid=f"GPU-{p.gpu}")
 
 
 @st.composite
@@ -78,9 +77,9 @@ def frames(draw: st.DrawFn) -> list[tuple[tuple[AttributedProcess, ...], tuple[A
             if what == "same":
                 nxt.append(p)
             elif what == "share":
-                nxt.append(replace(p, sm_utilization_ratio=draw(st.sampled_from(SHARES))))
+                nxt.append(p._replace(sm_utilization_ratio=draw(st.sampled_from(SHARES))))
             elif what == "memory":
-                nxt.append(replace(p, used_memory_bytes=draw(st.sampled_from(MEMORY))))
+                nxt.append(p._replace(used_memory_bytes=draw(st.sampled_from(MEMORY))))
         nxt += [_on_its_card(p) for p in draw(st.lists(processes, max_size=6))]
         procs = draw(st.permutations(nxt)) if draw(st.booleans()) else nxt
         if draw(st.booleans()):
@@ -142,7 +141,7 @@ def test_only_the_families_whose_lines_changed_are_written_anew(snapshot: Snapsh
     )
     source.attribution = Attribution(1, procs, (), None, 0)
     first = _runs(renderer.render(snapshot).sections)
-    moved = tuple(replace(p, sm_utilization_ratio=0.5) for p in procs)  # every share moves, nothing else
+    moved = tuple(p._replace(sm_utilization_ratio=0.5) for p in procs)  # every share moves, nothing else
     source.attribution = Attribution(2, moved, (), None, 0)
     second = _runs(renderer.render(snapshot).sections)
     for kept in (
@@ -164,7 +163,7 @@ def test_a_share_that_changes_sign_is_written_anew(snapshot: Snapshot) -> None:
     renderer = SnapshotRenderer(collectors, clock=lambda: 1.0, monotonic=_constant)
     p = AttributedProcess(0, "GPU-0", "", 100, "python", 1 << 20, 0.0, WORKLOADS[0])
     for n, share in enumerate((0.0, -0.0, -0.0, 0.0)):
-        source.attribution = Attribution(n, (replace(p, sm_utilization_ratio=share),), (), None, 0)
+        source.attribution = Attribution(n, (p._replace(sm_utilization_ratio=share),), (), None, 0)
         text, om = fast(renderer, snapshot)
         assert (text, om) == reference(snapshot, collectors, 1.0), f"render {n}"
         (line,) = [line for line in text.splitlines() if line.startswith(b"xpu_process_sm_utilization_ratio{")]
