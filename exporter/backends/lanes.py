@@ -19,6 +19,10 @@ waits past the call's deadline:
 :class:`DeviceAccess` owns the lanes of one backend and their call counters; :meth:`DeviceAccess.submit` returns a
 :class:`Pending` that a thread waits on with ``result()`` and the event loop with ``await wait()``. The Backend
 facades over it are in ``guarded.py``.
+
+A 64-card sampling cycle hands about 200 calls to the lanes, so a call is kept light: its state lives on the job,
+under its lane's one lock (no Future per call; one is made only for an async waiter or a reader of ``outcome``),
+and a thread is woken only when it waits (the lane's thread for work, a caller for an answer).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 import structlog
@@ -99,22 +103,51 @@ def scope_name(scope: Scope) -> str:
     return f"GPU {scope}" if isinstance(scope, int) else f"driver ({scope} calls)"
 
 
-@dataclass(eq=False, slots=True)
 class _Job:
-    call: str
-    fn: Callable[[], Any]
-    deadline: float
-    submitted: float
-    future: Future[Any] = field(default_factory=Future)  # what the caller sees: may be a timeout
-    outcome: Future[Any] = field(default_factory=Future)  # what the driver answered, whenever it does
-    started: float | None = None
-    keep_late: bool = False  # an answer after the caller gave up goes to the next call of this name
+    """One call on a lane. Its fields change only under the lane's lock; a call costs no Future: the two answers
+    below are kept here, and a Future of either is made only for an async waiter or a reader of ``outcome``."""
+
+    __slots__ = (
+        "answer",
+        "answer_error",
+        "answered",
+        "call",
+        "deadline",
+        "done",
+        "error",
+        "fn",
+        "future",
+        "keep_late",
+        "outcome",
+        "started",
+        "submitted",
+        "value",
+    )
+
+    def __init__(self, call: str, fn: Callable[[], Any], deadline: float, submitted: float, keep_late: bool) -> None:
+        self.call = call
+        self.fn = fn
+        self.deadline = deadline
+        self.submitted = submitted
+        self.keep_late = keep_late  # an answer after the caller gave up goes to the next call of this name
+        self.started: float | None = None
+        # what the caller sees (may be a timeout)
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+        # what the driver answered, whenever it does (or the error of a call that never ran)
+        self.answered = False
+        self.answer: Any = None
+        self.answer_error: BaseException | None = None
+        self.future: Future[Any] | None = None  # the caller's answer, for an async waiter
+        self.outcome: Future[Any] | None = None  # the driver's answer, for ``Pending.outcome``
 
 
-def _fail(job: _Job, error: BaseException) -> None:
-    """A job that never ran: its caller and anyone waiting for the driver's answer get the same error."""
-    job.future.set_exception(error)
-    job.outcome.set_exception(error)
+def _complete(future: Future[Any], value: Any, error: BaseException | None) -> None:
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
 
 
 class Lane:
@@ -124,7 +157,11 @@ class Lane:
         self.scope = scope
         self._counters = counters
         self._monotonic = monotonic
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._work = threading.Condition(self._lock)  # the lane's thread waits here for a call
+        self._answered = threading.Condition(self._lock)  # callers wait here for their call's answer
+        self._idle = False  # the lane's thread is waiting in _work
+        self._waiting = 0  # callers waiting in _answered
         self._queue: deque[_Job] = deque()
         self._current: _Job | None = None
         self._hung: HungCall | None = None
@@ -136,77 +173,139 @@ class Lane:
     # -- caller side ---------------------------------------------------------------------------------------------
 
     def submit(self, call: str, fn: Callable[[], Any], deadline: float, *, keep_late: bool = False) -> _Job:
-        job = _Job(call, fn, deadline, self._monotonic(), keep_late=keep_late)
-        with self._cond:
+        job = _Job(call, fn, deadline, self._monotonic(), keep_late)
+        with self._lock:
             late = self._late.get(call)
             if keep_late and late:
                 answer = late.popleft()  # a late answer is the next caller's, before anything new is asked
                 if not late:
                     del self._late[call]
-                job.future.set_result(answer)
-                job.outcome.set_result(answer)
+                self._settle(job, answer, None)
+                self._answer(job, answer, None)
                 return job
             self._expire_locked(job.submitted)
             if self._hung is not None:
                 error = self._hung_error(call, job.submitted)
                 self._counters.error(call, error.code)
-                _fail(job, error)
+                self._fail(job, error)
                 return job
             if self._closed:
-                _fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=call))
+                self._fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=call))
                 return job
             self._queue.append(job)
-            self._cond.notify_all()
+            if self._idle:
+                self._work.notify()
         return job
+
+    def result(self, job: _Job) -> Any:
+        """Wait for ``job`` on this thread, at most until its wait runs out (then the lane decides, as ``expire``)."""
+        with self._lock:
+            while not job.done:
+                expiry = self._expiry_locked(job)
+                assert expiry is not None
+                now = self._monotonic()
+                left = expiry - now
+                if left > 0:
+                    self._waiting += 1
+                    try:
+                        self._answered.wait(left)
+                    finally:
+                        self._waiting -= 1
+                else:
+                    self._expire_job_locked(job, now)
+            value, error = job.value, job.error
+        if error is not None:
+            raise error
+        return value
+
+    def future(self, job: _Job) -> Future[Any]:
+        """The caller's answer of ``job`` as a Future (made on first use), for an async waiter."""
+        with self._lock:
+            if job.future is None:
+                job.future = Future()
+                if job.done:
+                    _complete(job.future, job.value, job.error)
+            return job.future
+
+    def outcome(self, job: _Job) -> Future[Any]:
+        """The driver's answer of ``job`` as a Future (made on first use): see ``Pending.outcome``."""
+        with self._lock:
+            if job.outcome is None:
+                job.outcome = Future()
+                if job.answered:
+                    _complete(job.outcome, job.answer, job.answer_error)
+            return job.outcome
 
     def expiry(self, job: _Job) -> float | None:
         """When the wait for ``job`` runs out (monotonic), or None once it is done."""
-        with self._cond:
+        with self._lock:
             return self._expiry_locked(job)
 
     def expire(self, job: _Job, now: float) -> None:
         """Called by a waiter whose wait ran out: mark the lane hung and fail what cannot finish in time."""
-        with self._cond:
-            self._expire_locked(now)
-            if job.future.done():
-                return
-            if job is self._current:
-                return  # still running and not yet past its own deadline (the waiter woke early)
-            expiry = self._expiry_locked(job)
-            if job.started is None and expiry is not None and now >= expiry:
-                # queued behind a slow call that is not (yet) past its deadline: give up on this one only
-                self._queue.remove(job)
-                running = self._current.call if self._current else "?"
-                error = CallTimeoutError(
-                    f"{scope_name(self.scope)}: {job.call} waited {now - job.submitted:.1f}s behind {running}",
-                    call=job.call,
-                    scope=self.scope,
-                )
-                self._counters.timeout(job.call)
-                _fail(job, error)
+        with self._lock:
+            self._expire_job_locked(job, now)
 
     def hung(self) -> HungCall | None:
-        with self._cond:
+        with self._lock:
             self._expire_locked(self._monotonic())
             return self._hung
 
     def close(self) -> None:
         """No new calls; queued ones fail. A call in the driver is left to return (or not) on its own."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             while self._queue:
                 job = self._queue.popleft()
-                _fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=job.call))
-            self._cond.notify_all()
+                self._fail(job, BackendError(f"{scope_name(self.scope)}: shutting down", call=job.call))
+            self._work.notify_all()
 
     def join(self, timeout: float) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # -- internals (hold self._cond) -----------------------------------------------------------------------------
+    # -- internals (hold self._lock) -----------------------------------------------------------------------------
+
+    def _settle(self, job: _Job, value: Any, error: BaseException | None) -> None:
+        """The caller's answer (once): the driver's, a timeout, or why the call never ran."""
+        job.done, job.value, job.error = True, value, error
+        if job.future is not None:
+            _complete(job.future, value, error)
+        if self._waiting:
+            self._answered.notify_all()
+
+    def _answer(self, job: _Job, value: Any, error: BaseException | None) -> None:
+        """The driver's answer (once), or the error of a call that never ran."""
+        job.answered, job.answer, job.answer_error = True, value, error
+        if job.outcome is not None:
+            _complete(job.outcome, value, error)
+
+    def _fail(self, job: _Job, error: BaseException) -> None:
+        """A job that never ran: its caller and anyone waiting for the driver's answer get the same error."""
+        self._settle(job, None, error)
+        self._answer(job, None, error)
+
+    def _expire_job_locked(self, job: _Job, now: float) -> None:
+        self._expire_locked(now)
+        if job.done:
+            return
+        if job is self._current:
+            return  # still running and not yet past its own deadline (the waiter woke early)
+        expiry = self._expiry_locked(job)
+        if job.started is None and expiry is not None and now >= expiry:
+            # queued behind a slow call that is not (yet) past its deadline: give up on this one only
+            self._queue.remove(job)
+            running = self._current.call if self._current else "?"
+            error = CallTimeoutError(
+                f"{scope_name(self.scope)}: {job.call} waited {now - job.submitted:.1f}s behind {running}",
+                call=job.call,
+                scope=self.scope,
+            )
+            self._counters.timeout(job.call)
+            self._fail(job, error)
 
     def _expiry_locked(self, job: _Job) -> float | None:
-        if job.future.done():
+        if job.done:
             return None
         if job.started is not None:
             return job.started + job.deadline
@@ -231,19 +330,21 @@ class Lane:
             call=current.call,
             deadline_seconds=current.deadline,
         )
-        if not current.future.done():
-            current.future.set_exception(
+        if not current.done:
+            self._settle(
+                current,
+                None,
                 CallTimeoutError(
                     f"{scope_name(self.scope)}: {current.call} did not answer within {current.deadline:g}s",
                     call=current.call,
                     scope=self.scope,
-                )
+                ),
             )
         while self._queue:
             job = self._queue.popleft()
             error = self._hung_error(job.call, now)
             self._counters.error(job.call, error.code)
-            _fail(job, error)
+            self._fail(job, error)
 
     def _hung_error(self, call: str, now: float) -> CardHungError:
         hung = self._hung
@@ -260,13 +361,18 @@ class Lane:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 while not self._queue and not self._closed:
-                    self._cond.wait()
+                    self._idle = True
+                    try:
+                        self._work.wait()
+                    finally:
+                        self._idle = False
                 if not self._queue:
                     return
                 job = self._queue.popleft()
-                if not job.future.set_running_or_notify_cancel():
+                if job.future is not None and not job.future.set_running_or_notify_cancel():
+                    job.done, job.error = True, CancelledError()  # its async waiter's future was cancelled
                     continue
                 job.started = self._monotonic()
                 self._current = job
@@ -280,23 +386,18 @@ class Lane:
 
     def _finish(self, job: _Job, result: Any, exc: BaseException | None) -> None:
         now = self._monotonic()
-        with self._cond:
+        with self._lock:
             self._current = None
             hung, self._hung = self._hung, None
             if exc is not None:
                 code = exc.code if isinstance(exc, BackendError) else "internal"
                 self._counters.error(job.call, code)
-            late = job.future.done()  # its caller already got a timeout
-            for future in (job.future, job.outcome):
-                if future.done():  # the caller's future, when the call came back too late
-                    continue
-                if exc is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(exc)
+            late = job.done  # its caller already got a timeout
+            if not late:
+                self._settle(job, result, exc)
+            self._answer(job, result, exc)
             if late and job.keep_late and exc is None and result is not None:
                 self._late.setdefault(job.call, deque(maxlen=_LATE_KEPT)).append(result)
-            self._cond.notify_all()
         if hung is not None:
             log.info(
                 "driver call returned after its deadline; lane answering again",
@@ -325,6 +426,9 @@ class DeviceAccess:
         self._closed = False
 
     def lane(self, scope: Scope) -> Lane:
+        lane = self._lanes.get(scope)  # a lane, once made, is the scope's for good: no lock to find it
+        if lane is not None:
+            return lane
         with self._lock:
             lane = self._lanes.get(scope)
             if lane is None:
@@ -379,25 +483,14 @@ class Pending(Generic[T]):
     @property
     def outcome(self) -> Future[T]:
         """The driver's answer: completes when the call returns, even after its deadline (a late MIG create)."""
-        return cast("Future[T]", self._job.outcome)
+        return cast("Future[T]", self._lane.outcome(self._job))
 
     def result(self) -> T:
-        job = self._job
-        while True:
-            expiry = self._lane.expiry(job)
-            if expiry is None:
-                return cast("T", job.future.result())
-            left = expiry - self._monotonic()
-            if left > 0:
-                try:
-                    return cast("T", job.future.result(timeout=left))
-                except TimeoutError:
-                    pass
-            self._lane.expire(job, self._monotonic())
+        return cast("T", self._lane.result(self._job))
 
     async def wait(self) -> T:
         job = self._job
-        waiter = asyncio.wrap_future(job.future)
+        waiter = asyncio.wrap_future(self._lane.future(job))
         waiter.add_done_callback(_consume)
         while True:
             expiry = self._lane.expiry(job)

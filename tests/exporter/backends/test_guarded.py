@@ -129,6 +129,76 @@ def test_a_late_answer_still_reaches_the_outcome(device: GuardedBackend, sim: Si
     assert instance.profile_id == 19 and instance.placement_start == 0
 
 
+def test_an_outcome_taken_before_the_deadline_still_gets_the_late_answer(
+    device: GuardedBackend, sim: SimulatedBackend
+) -> None:
+    """The outcome is the driver's answer, not the caller's timeout, whenever it was asked for."""
+    sim.inject("hang", 6, {"call": "create_mig_instance"})
+    pending = device.submit(6, "create_mig_instance", 19, 0)
+    outcome = pending.outcome  # taken while the call is still inside its deadline
+    with pytest.raises(CallTimeoutError):
+        pending.result()
+    assert not outcome.done(), "the caller's timeout is not the driver's answer"
+    sim.clear(6)
+    instance = outcome.result(timeout=5)
+    assert instance.profile_id == 19 and pending.outcome is outcome
+
+
+def test_the_outcome_of_an_answered_or_refused_call_is_that_answer(
+    device: GuardedBackend, sim: SimulatedBackend
+) -> None:
+    answered = device.submit(2, "sample")
+    sample = answered.result()
+    assert answered.outcome.done() and answered.outcome.result() is sample
+    sim.inject("hang", 3, {"call": "sample"})
+    with pytest.raises(CallTimeoutError):
+        device.sample(3)
+    refused = device.submit(3, "processes")
+    with pytest.raises(CardHungError) as caller:
+        refused.result()
+    assert refused.outcome.exception() is caller.value, "a call that never ran: both see why"
+
+
+def test_a_waiter_behind_a_stuck_call_is_answered_when_the_lane_is_declared_hung(
+    device: GuardedBackend, sim: SimulatedBackend
+) -> None:
+    """Another thread's waiter, whose own deadline is far off, learns at once that its lane is hung."""
+    sim.inject("hang", 1, {"call": "sample"})
+    stuck = device.submit(1, "sample")
+    queued = device.access.submit(1, "slow_read", lambda: sim.processes(1), 600.0)
+    errors: list[BaseException] = []
+
+    def wait_queued() -> None:
+        try:
+            queued.result()
+        except BaseException as exc:  # what the caller got, whatever it is
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait_queued)
+    waiter.start()
+    with pytest.raises(CallTimeoutError):
+        stuck.result()  # this waiter declares the lane hung at the stuck call's deadline
+    assert eventually(lambda: bool(errors), 10.0), "woken by the declaration, not left to its 600 s deadline"
+    waiter.join(5.0)
+    assert isinstance(errors[0], CardHungError) and errors[0].stuck_call == "sample"
+    assert device.access.counters().calls.get("slow_read", 0) == 0
+
+
+def test_calls_from_several_threads_on_one_lane_all_get_their_own_answers(device: GuardedBackend) -> None:
+    answers: dict[int, list[int]] = {}
+
+    def caller(n: int) -> None:
+        answers[n] = [device.access.submit(0, "echo", lambda k=k: n * 1000 + k, 5.0).result() for k in range(200)]
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    assert answers == {n: [n * 1000 + k for k in range(200)] for n in range(4)}
+    assert device.access.counters().calls["echo"] == 800
+
+
 def test_async_waiters_never_block_the_loop(device: GuardedBackend, sim: SimulatedBackend) -> None:
     sim.inject("hang", 0, {"call": "sample"})
 
