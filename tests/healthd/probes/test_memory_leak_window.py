@@ -97,10 +97,12 @@ def test_running_counts_give_the_findings_of_the_rescanning_formula(
             used = UNSUPPORTED if move == "unreported" else memory[i] * 256 * MIB
             listed.append(GpuProcess(101 + i, used, UNSUPPORTED, UNSUPPORTED, "train"))
         processes = tuple(listed)
-        got = [_key(f) for f in probe._grow(REF, KEY, processes, now)]
-        live = {(KEY, p.pid) for p in processes}
-        for k in [k for k in probe._growth if k not in live]:  # what evaluate does after each cycle
-            del probe._growth[k]
+        probe._evaluation += 1  # what evaluate does around each card: number the evaluation, then drop the unlisted
+        card = probe._card(KEY)
+        card.stamped = 0
+        got = [_key(f) for f in probe._grow(REF, card, processes, now)]
+        card.listed = [processes]
+        probe._forget_unlisted(card)
         assert got == reference.evaluate(processes, now)
 
 
