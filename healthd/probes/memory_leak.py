@@ -27,7 +27,6 @@ CHECK = "memory_leak"
 SECTION = "memory_leak"
 MIB = 2**20
 MPS_SERVER = "nvidia-cuda-mps-server"
-LISTING_GUESS = 1024  # entries in proc_root until it is first listed (a host's processes, roughly)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +78,10 @@ class MemoryLeakProbe:
         self._orphan_streak: dict[str, int] = {}
         self._cards: dict[str, _Card] = {}
         self._evaluation = 0
-        # entries in the last listing of proc_root: listing it costs about one stat per two entries (measured), so
-        # it replaces the stats when more pids are to be checked than half of that
-        self._proc_entries = LISTING_GUESS
+        # entries in the last listing of proc_root (none yet: the first evaluation with processes lists it): listing
+        # costs about one stat per two entries (measured on /proc), so it replaces the stats while more pids are
+        # to be checked than half of that
+        self._proc_entries = 0
         self._listing: frozenset[str] | None = None  # this evaluation's listing of proc_root, taken when first needed
         self._to_check = 0  # pids the evaluation checks in /proc: the fresh cards' listed processes
 
