@@ -256,8 +256,8 @@ class MemoryLeakProbe:
             if window.seen != evaluation:
                 window.seen = evaluation
                 card.stamped += 1
-            window.add(now, used, window_seconds)
-            if window.steps == 0:
+            steps = window.add(now, used, window_seconds)
+            if not steps:
                 continue  # one run of equal readings: it has not grown (the usual case, checked first)
             first_t, first = window.first
             grown = used - first
@@ -266,7 +266,7 @@ class MemoryLeakProbe:
                 len(window) >= t.growth_min_samples
                 and now - first_t >= 0.9 * window_seconds
                 and grown >= t.growth_min_mib * MIB
-                and window.steps >= (len(window) - 1) // 2
+                and steps >= (len(window) - 1) // 2
             ):
                 out.append(
                     Finding(
@@ -304,7 +304,9 @@ class GrowthWindow:
         self._counts = array("q")  # each run's readings
         self._time0 = self._run0 = 0
 
-    def add(self, now: float, used: int, window_seconds: float) -> None:
+    def add(self, now: float, used: int, window_seconds: float) -> int:
+        """Add a reading; returns the steps up in the window after it (:attr:`steps`), which the caller checks
+        first: 0, one run of equal readings, is the usual case and cannot be growth."""
         values = self._values
         if values and used == values[-1]:  # the usual case: the memory stayed put
             self._counts[-1] += 1
@@ -317,7 +319,7 @@ class GrowthWindow:
         times = self._times
         times.append(now)
         if now - times[self._time0] <= window_seconds:
-            return  # nothing left the window
+            return len(values) - self._run0 - 1  # nothing left the window
         counts = self._counts
         while len(times) - self._time0 > 1 and now - times[self._time0] > window_seconds:
             self._time0 += 1
@@ -329,6 +331,7 @@ class GrowthWindow:
             del values[: self._run0]
             del counts[: self._run0]
             self._time0 = self._run0 = 0
+        return len(values) - self._run0 - 1
 
     @property
     def steps(self) -> int:

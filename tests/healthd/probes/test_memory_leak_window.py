@@ -117,19 +117,20 @@ STEP = st.integers(0, 60).map(lambda n: 0 if n < 45 else 1 if n < 58 else 3 if n
     st.integers(10, 300),
 )
 def test_the_window_holds_what_the_rescanned_deque_held(moves: list[tuple[float, int]], window: int) -> None:
-    """After every reading: as many readings, the same oldest one and as many steps up as the deque kept."""
+    """After every reading: as many readings, the same oldest one and as many steps up as the deque kept (which add
+    returns too)."""
     compact, history = GrowthWindow(), deque[tuple[float, int]]()
     now, used = 0.0, 100
     for dt, step in moves:
         now, used = now + dt, max(0, used + step)
-        compact.add(now, used, float(window))
+        returned = compact.add(now, used, float(window))
         if history and used < history[-1][1]:
             history.clear()
         history.append((now, used))
         while len(history) > 1 and now - history[0][0] > window:
             history.popleft()
         steps = sum(1 for a, b in zip(history, list(history)[1:], strict=False) if b[1] > a[1])
-        assert (len(compact), compact.first, compact.steps) == (len(history), history[0], steps)
+        assert (len(compact), compact.first, compact.steps, returned) == (len(history), history[0], steps, steps)
 
 
 def test_the_window_counts_steps_up_and_forgets_what_left_it() -> None:
