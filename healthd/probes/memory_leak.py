@@ -47,8 +47,25 @@ def _mib(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
+class _Card:
+    """One card's per-process state, keyed by pid: consecutive samples missing from /proc, and growth windows."""
+
+    __slots__ = ("gone", "growth", "keep_all", "listed", "stamped")
+
+    def __init__(self) -> None:
+        self.gone: dict[int, int] = {}
+        self.growth: dict[int, GrowthWindow] = {}
+        self.listed: list[tuple[GpuProcess, ...]] = []  # this evaluation's listings of the card
+        self.stamped = 0  # growth windows stamped with this evaluation's number
+        self.keep_all = False  # the card's process list was unknown this evaluation: keep everything
+
+
 class MemoryLeakProbe:
-    """``proc_root`` None: no pid liveness check and no process names from /proc."""
+    """``proc_root`` None: no pid liveness check and no process names from /proc.
+
+    Per card, state is kept by pid and dropped once the card stops listing the pid (or the card is not fresh): a
+    window is stamped with the evaluation's number when its pid is listed, and the card's windows are scanned for
+    unstamped ones only when fewer were stamped than the card keeps."""
 
     name = CHECK
 
@@ -59,27 +76,64 @@ class MemoryLeakProbe:
             None if proc_root is None else os.fspath(proc_root)
         )  # read with os calls: every process, every cycle
         self._orphan_streak: dict[str, int] = {}
-        self._gone_streak: dict[tuple[str, int], int] = {}
-        self._growth: dict[tuple[str, int], GrowthWindow] = {}
+        self._cards: dict[str, _Card] = {}
+        self._evaluation = 0
+        # entries in the last listing of proc_root (none yet: the first evaluation with processes lists it): listing
+        # costs about one stat per two entries (measured on /proc), so it replaces the stats while more pids are
+        # to be checked than half of that
+        self._proc_entries = 0
+        self._listing: frozenset[str] | None = None  # this evaluation's listing of proc_root, taken when first needed
+        self._to_check = 0  # pids the evaluation checks in /proc: the fresh cards' listed processes
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         report = ReportBuilder(CHECK)
-        live: set[tuple[str, int]] = set()
+        self._evaluation += 1
+        self._listing = None
+        if self._proc is not None:
+            self._to_check = sum(len(g.processes) for g in snapshot.gpus if g.fresh)
+        seen: dict[str, _Card] = {}
         for g, ref, _ in report.fresh_cards(snapshot):
             key = g.uuid or str(g.index)
+            card = self._card(key)
+            if key not in seen:
+                seen[key] = card
+                card.listed.clear()
+                card.stamped = 0
+                card.keep_all = False
             if not g.processes_known:  # without the process list, all memory would look unowned
                 report.result(ref, CheckStatus.UNKNOWN, f"process list unknown: {g.partial_errors['processes']}")
-                live |= {k for k in self._gone_streak if k[0] == key} | {k for k in self._growth if k[0] == key}
+                card.keep_all = True
                 continue
-            live |= {(key, p.pid) for p in g.processes}
+            card.listed.append(g.processes)
             findings, note = self._orphan(ref, key, g)
-            findings += self._gone(ref, key, g.processes)
-            findings += self._grow(ref, key, g.processes, now)
+            findings += self._gone(ref, card, g.processes)
+            findings += self._grow(ref, card, g.processes, now)
             report.gpu_done(ref, findings, note)
-        for table in (self._gone_streak, self._growth):
-            for k in [k for k in table if k not in live]:
-                del table[k]
+        for key in [k for k in self._cards if k not in seen]:
+            del self._cards[key]
+        for card in seen.values():
+            self._forget_unlisted(card)
+        self._listing = None
         return report.build()
+
+    def _card(self, key: str) -> _Card:
+        card = self._cards.get(key)
+        if card is None:
+            card = self._cards[key] = _Card()
+        return card
+
+    def _forget_unlisted(self, card: _Card) -> None:
+        """Drop the state of pids none of this evaluation's listings of the card had."""
+        if card.keep_all:
+            return
+        if len(card.growth) != card.stamped:
+            evaluation = self._evaluation
+            for pid in [pid for pid, w in card.growth.items() if w.seen != evaluation]:
+                del card.growth[pid]
+        if card.gone:
+            listed = {p.pid for processes in card.listed for p in processes}
+            for pid in [pid for pid in card.gone if pid not in listed]:
+                del card.gone[pid]
 
     def _name(self, p: GpuProcess) -> str:
         if p.name or self._proc is None:
@@ -98,13 +152,23 @@ class MemoryLeakProbe:
     def _orphan(self, ref: GpuRef, key: str, g: GpuSnapshot) -> tuple[list[Finding], str]:
         t = self.settings
         assert g.sample is not None
-        if any(isinstance(p.used_memory_bytes, Unsupported) for p in g.processes):
-            self._orphan_streak.pop(key, None)
-            return [], "per-process memory not reported: unowned memory cannot be measured"
-        if any(self._name(p) == MPS_SERVER for p in g.processes):
+        owned = 0
+        mps = nameless = False
+        for p in g.processes:  # one pass: memory owned, an MPS server by its listed name, names to read from /proc
+            used = p.used_memory_bytes
+            if isinstance(used, Unsupported):
+                self._orphan_streak.pop(key, None)
+                return [], "per-process memory not reported: unowned memory cannot be measured"
+            owned += used
+            if p.name:
+                mps = mps or p.name == MPS_SERVER
+            else:
+                nameless = True
+        if not mps and nameless and self._proc is not None:
+            mps = any(self._name(p) == MPS_SERVER for p in g.processes if not p.name)
+        if mps:
             self._orphan_streak.pop(key, None)
             return [], "MPS server running: client memory is not listed per process"
-        owned = sum(p.used_memory_bytes for p in g.processes if isinstance(p.used_memory_bytes, int))
         reserved = g.sample.memory_reserved_bytes
         allowance = t.legacy_reserved_mib * MIB if isinstance(reserved, Unsupported) else 0
         orphan = g.sample.memory_used_bytes - owned - allowance
@@ -131,16 +195,32 @@ class MemoryLeakProbe:
             )
         ], ""
 
-    def _gone(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...]) -> list[Finding]:
+    def _alive(self) -> frozenset[str] | None:
+        """This evaluation's listing of proc_root when listing it costs less than a stat of each pid to check; None:
+        stat each. A pid missing from the listing is still stat'ed, so a pid counts as gone exactly when the stat
+        fails, as without the listing."""
+        if self._listing is None and self._to_check * 2 > self._proc_entries:
+            assert self._proc is not None
+            try:
+                self._listing = frozenset(os.listdir(self._proc))
+            except OSError:
+                return None
+            self._proc_entries = len(self._listing)
+        return self._listing
+
+    def _gone(self, ref: GpuRef, card: _Card, processes: tuple[GpuProcess, ...]) -> list[Finding]:
         root = self._proc
-        if root is None:
+        if root is None or not processes:
             return []
+        listing = self._alive() or frozenset()
         out: list[Finding] = []
+        gone = card.gone
         for p in processes:
-            if os.path.exists(f"{root}/{p.pid}"):
-                self._gone_streak.pop((key, p.pid), None)
+            if str(p.pid) in listing or os.path.exists(f"{root}/{p.pid}"):
+                if gone:
+                    gone.pop(p.pid, None)
                 continue
-            streak = self._gone_streak[(key, p.pid)] = self._gone_streak.get((key, p.pid), 0) + 1
+            streak = gone[p.pid] = gone.get(p.pid, 0) + 1
             if streak < self.settings.gone_samples:
                 continue
             held = p.used_memory_bytes if isinstance(p.used_memory_bytes, int) else 0
@@ -157,25 +237,36 @@ class MemoryLeakProbe:
             )
         return out
 
-    def _grow(self, ref: GpuRef, key: str, processes: tuple[GpuProcess, ...], now: float) -> list[Finding]:
+    def _grow(self, ref: GpuRef, card: _Card, processes: tuple[GpuProcess, ...], now: float) -> list[Finding]:
         t = self.settings
         out: list[Finding] = []
+        growth = card.growth
+        evaluation = self._evaluation
+        window_seconds = t.growth_window_seconds
         for p in processes:
+            window = growth.get(p.pid)
             used = p.used_memory_bytes
             if not isinstance(used, int):
+                if window is not None and window.seen != evaluation:  # listed: its window stays
+                    window.seen = evaluation
+                    card.stamped += 1
                 continue
-            window = self._growth.get((key, p.pid))
             if window is None:
-                window = self._growth[(key, p.pid)] = GrowthWindow()
-            window.add(now, used, t.growth_window_seconds)
+                window = growth[p.pid] = GrowthWindow()
+            if window.seen != evaluation:
+                window.seen = evaluation
+                card.stamped += 1
+            steps = window.add(now, used, window_seconds)
+            if not steps:
+                continue  # one run of equal readings: it has not grown (the usual case, checked first)
             first_t, first = window.first
             grown = used - first
             # steady: never shrank over the window, grew in most steps, spans most of the window
             if (
                 len(window) >= t.growth_min_samples
-                and now - first_t >= 0.9 * t.growth_window_seconds
+                and now - first_t >= 0.9 * window_seconds
                 and grown >= t.growth_min_mib * MIB
-                and window.steps >= (len(window) - 1) // 2
+                and steps >= (len(window) - 1) // 2
             ):
                 out.append(
                     Finding(
@@ -201,10 +292,11 @@ class GrowthWindow:
     ``_counts`` hold each run's value and number of readings, and the steps up are the runs after the first. Items
     before ``_time0`` and ``_run0`` have left the window; they are cut off now and then."""
 
-    __slots__ = ("_counts", "_run0", "_time0", "_times", "_values")
+    __slots__ = ("_counts", "_run0", "_time0", "_times", "_values", "seen")
 
     def __init__(self) -> None:
         self._restart()
+        self.seen = 0  # the number of the last evaluation that listed its process (MemoryLeakProbe's bookkeeping)
 
     def _restart(self) -> None:
         self._times = array("d")  # every reading's time, oldest first
@@ -212,18 +304,23 @@ class GrowthWindow:
         self._counts = array("q")  # each run's readings
         self._time0 = self._run0 = 0
 
-    def add(self, now: float, used: int, window_seconds: float) -> None:
-        values, counts = self._values, self._counts
-        if len(values) > self._run0 and used < values[-1]:
-            self._restart()  # it freed memory: not a steady leak, start over
-            values, counts = self._values, self._counts
-        if len(values) > self._run0 and used == values[-1]:
-            counts[-1] += 1
+    def add(self, now: float, used: int, window_seconds: float) -> int:
+        """Add a reading; returns the steps up in the window after it (:attr:`steps`), which the caller checks
+        first: 0, one run of equal readings, is the usual case and cannot be growth."""
+        values = self._values
+        if values and used == values[-1]:  # the usual case: the memory stayed put
+            self._counts[-1] += 1
         else:
+            if values and used < values[-1]:
+                self._restart()  # it freed memory: not a steady leak, start over
+                values = self._values
             values.append(used)
-            counts.append(1)
+            self._counts.append(1)
         times = self._times
         times.append(now)
+        if now - times[self._time0] <= window_seconds:
+            return len(values) - self._run0 - 1  # nothing left the window
+        counts = self._counts
         while len(times) - self._time0 > 1 and now - times[self._time0] > window_seconds:
             self._time0 += 1
             counts[self._run0] -= 1
@@ -234,6 +331,7 @@ class GrowthWindow:
             del values[: self._run0]
             del counts[: self._run0]
             self._time0 = self._run0 = 0
+        return len(values) - self._run0 - 1
 
     @property
     def steps(self) -> int:

@@ -65,12 +65,19 @@ class NvLinkProbe:
                 report.unsupported(ref, "NVLink is not supported on this card")
                 continue
             findings: list[Finding] = []
-            never_up = 0
+            never_up = up = 0
+            key = g.uuid or str(g.index)
             for link in links:
-                state = self._links.setdefault((g.uuid or str(g.index), link.link), _LinkState())
-                findings += self._link(ref, link, state, now)
+                state = self._links.get((key, link.link))
+                if state is None:
+                    state = self._links[(key, link.link)] = _LinkState()
+                found = self._link(ref, link, state, now)
+                if found:
+                    findings += found
                 if not state.seen_up:
                     never_up += 1
+                if link.state is LinkState.UP:
+                    up += 1
             if never_up == len(links):
                 # GPUd's rule: an NVLink-capable card with no active link at all. A warning, not an action: links can
                 # be down from boot on purpose (and DCGM reports links down in some MIG setups).
@@ -85,7 +92,6 @@ class NvLinkProbe:
                         evidence(links=len(links)),
                     )
                 )
-            up = sum(1 for link in links if link.state is LinkState.UP)
             report.gpu_done(ref, findings, f"{up}/{len(links)} links up")
         return report.build()
 

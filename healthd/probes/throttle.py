@@ -20,6 +20,7 @@ from healthd.host.view import ProbeHost
 from healthd.probes.common import ReportBuilder, evidence
 
 CHECK = "clocks"
+SLOWDOWN = int(ClockEventReason.SLOWDOWN)  # as a plain int: masking with the flag goes through enum's __and__
 
 
 SECTION = "clocks"
@@ -34,12 +35,23 @@ class Settings:
     min_samples: int = option(5, min=1)  # too few samples in the window: no verdict
 
 
+class _History:
+    """One card's samples in the window, oldest first, and how many of them show a slowdown (counted as samples
+    come and go, so a cycle costs O(1) rather than a pass over the window: 120 samples at the defaults)."""
+
+    __slots__ = ("hits", "samples")
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()  # (sampled at, clock event reason bits)
+        self.hits = 0
+
+
 class ThrottleProbe:
     name = CHECK
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
-        self._history: dict[str, deque[tuple[float, int]]] = {}
+        self._history: dict[str, _History] = {}
 
     def evaluate(self, snapshot: Snapshot, now: float) -> ProbeReport:
         t = self.settings
@@ -49,15 +61,20 @@ class ThrottleProbe:
             if isinstance(reasons, Unsupported):
                 report.unsupported(ref, "clock event reasons are not supported")
                 continue
-            history = self._history.setdefault(g.uuid or str(g.index), deque())
+            card = self._history.get(g.uuid or str(g.index))
+            if card is None:
+                card = self._history[g.uuid or str(g.index)] = _History()
+            history = card.samples
             if not history or history[-1][0] != g.sampled_at:
                 history.append((g.sampled_at or now, reasons))
+                if int(reasons) & SLOWDOWN:
+                    card.hits += 1
             while history and now - history[0][0] > t.window_seconds:
-                history.popleft()
+                if int(history.popleft()[1]) & SLOWDOWN:
+                    card.hits -= 1
             findings: list[Finding] = []
             if len(history) >= t.min_samples:
-                hits = sum(1 for _, r in history if r & ClockEventReason.SLOWDOWN)
-                ratio = hits / len(history)
+                ratio = card.hits / len(history)
                 if ratio >= t.active_ratio:
                     seen = 0
                     for _, r in history:

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from exporter.backends.errors import BackendError
 from exporter.backends.types import GpuProcess
@@ -122,3 +126,64 @@ def test_an_unknown_process_list_is_unknown_not_unowned_memory(h200x8: Node, tmp
     report = probe.evaluate(snap, h200x8.clock())
     assert codes(report, 4) == set()
     assert status(report, 4) == "unknown"
+
+
+class _Stats:
+    """Counts the stats of /proc/<pid> the probe makes (os.path.exists), passing them through."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.paths: list[str] = []
+        real = os.path.exists
+
+        def exists(path: str) -> bool:
+            self.paths.append(path)
+            return real(path)
+
+        monkeypatch.setattr(os.path, "exists", exists)  # the probe calls os.path.exists
+
+
+def test_one_listing_of_proc_finds_a_gone_pid_after_exactly_gone_samples(
+    h200x8: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc holds little besides the listed pids: it is listed once per evaluation, and only the pid missing from
+    the listing is stat'ed."""
+    proc = _proc_for(h200x8, tmp_path, without=(41003,))
+    stats = _Stats(monkeypatch)
+    probe = _probe(proc, gone_samples=3)
+    for i in range(4):
+        report = probe.evaluate(h200x8.tick(), h200x8.clock())
+        assert (codes(report) == {"process_gone"}) == (i >= 2)
+    assert stats.paths == [f"{proc}/41003"] * 4
+    assert only(report, "process_gone").evidence["samples"] == "4"
+
+
+def test_a_reused_pid_starts_the_count_over(h200x8: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pid leaves /proc, and before it has been missing for gone_samples another process gets it: the count
+    starts over, and the pid is reported only after it has been missing gone_samples samples in a row again."""
+    proc = _proc_for(h200x8, tmp_path, without=(41003,))
+    _Stats(monkeypatch)
+    probe = _probe(proc, gone_samples=3)
+    missing = [True, True, False, True, True, True]
+    for i, gone in enumerate(missing):
+        if gone:
+            shutil.rmtree(proc / "41003", ignore_errors=True)
+        else:
+            (proc / "41003").mkdir(exist_ok=True)
+        assert (codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == {"process_gone"}) == (i == 5)
+
+
+def test_in_a_crowded_proc_each_pid_is_checked_with_a_stat(
+    h200x8: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc with many more entries than listed pids: after the first evaluation lists it, each pid is stat'ed."""
+    proc = _proc_for(h200x8, tmp_path, without=(41003,))
+    for n in range(1, 200):
+        (proc / str(n)).mkdir()
+    stats = _Stats(monkeypatch)
+    probe = _probe(proc, gone_samples=2)
+    listed = sum(len(g.processes) for g in h200x8.tick().gpus)
+    assert listed * 2 < 200
+    for i in range(3):
+        assert (codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == {"process_gone"}) == (i >= 1)
+    assert len(stats.paths) == 1 + 2 * listed  # the first evaluation: the missing pid; then all of them
+    assert stats.paths.count(f"{proc}/41003") == 3

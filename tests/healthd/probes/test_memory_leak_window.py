@@ -97,10 +97,12 @@ def test_running_counts_give_the_findings_of_the_rescanning_formula(
             used = UNSUPPORTED if move == "unreported" else memory[i] * 256 * MIB
             listed.append(GpuProcess(101 + i, used, UNSUPPORTED, UNSUPPORTED, "train"))
         processes = tuple(listed)
-        got = [_key(f) for f in probe._grow(REF, KEY, processes, now)]
-        live = {(KEY, p.pid) for p in processes}
-        for k in [k for k in probe._growth if k not in live]:  # what evaluate does after each cycle
-            del probe._growth[k]
+        probe._evaluation += 1  # what evaluate does around each card: number the evaluation, then drop the unlisted
+        card = probe._card(KEY)
+        card.stamped = 0
+        got = [_key(f) for f in probe._grow(REF, card, processes, now)]
+        card.listed = [processes]
+        probe._forget_unlisted(card)
         assert got == reference.evaluate(processes, now)
 
 
@@ -115,19 +117,20 @@ STEP = st.integers(0, 60).map(lambda n: 0 if n < 45 else 1 if n < 58 else 3 if n
     st.integers(10, 300),
 )
 def test_the_window_holds_what_the_rescanned_deque_held(moves: list[tuple[float, int]], window: int) -> None:
-    """After every reading: as many readings, the same oldest one and as many steps up as the deque kept."""
+    """After every reading: as many readings, the same oldest one and as many steps up as the deque kept (which add
+    returns too)."""
     compact, history = GrowthWindow(), deque[tuple[float, int]]()
     now, used = 0.0, 100
     for dt, step in moves:
         now, used = now + dt, max(0, used + step)
-        compact.add(now, used, float(window))
+        returned = compact.add(now, used, float(window))
         if history and used < history[-1][1]:
             history.clear()
         history.append((now, used))
         while len(history) > 1 and now - history[0][0] > window:
             history.popleft()
         steps = sum(1 for a, b in zip(history, list(history)[1:], strict=False) if b[1] > a[1])
-        assert (len(compact), compact.first, compact.steps) == (len(history), history[0], steps)
+        assert (len(compact), compact.first, compact.steps, returned) == (len(history), history[0], steps, steps)
 
 
 def test_the_window_counts_steps_up_and_forgets_what_left_it() -> None:
