@@ -14,7 +14,8 @@ Process-wide settings, made by ``xpu-healthd``'s ``main`` and its /metrics publi
   a 64-card node ran about 85 young and 8 middle collections and most of a full one per cycle, all finding
   nothing (a quarter of a cycle's CPU in an in-process trial). At 10,000 a 64-card node still ran about 11
   young collections (2 ms each) and one middle one (7-9 ms) per cycle, a fifth of the daemon's CPU; at 100,000
-  it runs about one young collection per cycle. The collector still runs once that many objects are held:
+  it collects about every two minutes, and that collection is a full one (about 70 ms at 64 busy cards, 6 ms on
+  8: a scrape that meets it waits that long). The collector still runs once that many objects are held:
   cyclic garbage stays bounded by it (at most tens of MiB; the daemon makes almost none), not left for ever.
 - ``fix_mmap_threshold`` with the arenas. glibc serves an allocation of 128 KiB or more with its own mapping,
   returned to the system when freed, but raises that threshold to the size of each such block freed (up to 32
