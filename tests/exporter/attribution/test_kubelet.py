@@ -295,19 +295,41 @@ class _FrameTap:
         self._listener = socket.socket(socket.AF_UNIX)
         self._listener.bind(str(front))
         self._listener.listen()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
 
     def close(self) -> None:
+        """Stop relaying and close every socket the tap opened (none is left for the collector to finalise)."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        with self._lock:
+            opened = list(self._sockets)
+        for s in opened:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        for t in list(self._threads):
+            t.join(timeout=5)
+        for s in opened:
+            s.close()
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._listener.accept()
                 server = socket.socket(socket.AF_UNIX)
+                with self._lock:
+                    self._sockets += [client, server]
                 server.connect(str(self.back))
-                threading.Thread(target=self._relay, args=(client, server, "client"), daemon=True).start()
-                threading.Thread(target=self._relay, args=(server, client, "server"), daemon=True).start()
+                relays = [
+                    threading.Thread(target=self._relay, args=(client, server, "client"), daemon=True),
+                    threading.Thread(target=self._relay, args=(server, client, "server"), daemon=True),
+                ]
+                self._threads += relays
+                for t in relays:
+                    t.start()
 
     def _relay(self, src: socket.socket, dst: socket.socket, side: str) -> None:
         pending = b""
