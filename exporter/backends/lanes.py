@@ -150,6 +150,14 @@ def _complete(future: Future[Any], value: Any, error: BaseException | None) -> N
         future.set_exception(error)
 
 
+def _future(known: bool, value: Any, error: BaseException | None) -> Future[Any]:
+    """A Future of one of a job's two answers, made when first asked for: complete already if the answer is known."""
+    future: Future[Any] = Future()
+    if known:
+        _complete(future, value, error)
+    return future
+
+
 class Lane:
     """One thread that runs the driver calls of one scope, in order, and knows when it is stuck."""
 
@@ -222,18 +230,14 @@ class Lane:
         """The caller's answer of ``job`` as a Future (made on first use), for an async waiter."""
         with self._lock:
             if job.future is None:
-                job.future = Future()
-                if job.done:
-                    _complete(job.future, job.value, job.error)
+                job.future = _future(job.done, job.value, job.error)
             return job.future
 
     def outcome(self, job: _Job) -> Future[Any]:
         """The driver's answer of ``job`` as a Future (made on first use): see ``Pending.outcome``."""
         with self._lock:
             if job.outcome is None:
-                job.outcome = Future()
-                if job.answered:
-                    _complete(job.outcome, job.answer, job.answer_error)
+                job.outcome = _future(job.answered, job.answer, job.answer_error)
             return job.outcome
 
     def expiry(self, job: _Job) -> float | None:
