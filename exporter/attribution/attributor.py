@@ -172,8 +172,12 @@ class Attributor:
         before: dict[int, _Seen] = self._processes
         after: dict[int, _Seen] = {}
         pod_index = self.pod_index
+
+        def index_now() -> tuple[PodLogIndex, int] | None:
+            return (pod_index, pod_index.generation) if pod_index is not None else None
+
         # the log index the lookups are made in: the same for the whole cycle unless a lookup rescans it
-        index = (pod_index, pod_index.generation) if pod_index is not None else None
+        index = index_now()
         for gpu in snapshot.gpus:
             info = gpu.info
             if not gpu.fresh or info is None:
@@ -239,8 +243,7 @@ class Attributor:
                 attributed = self._attribute(gpu, proc, identity, held)
                 processes.append(attributed)
                 if rescans != self._rescans:  # looked up after a miss: the next cycle may rescan again
-                    if pod_index is not None and index != (pod_index, pod_index.generation):
-                        index = (pod_index, pod_index.generation)  # rescanned: the processes after it look again
+                    index = index_now()  # if it rescanned, the processes after it look again
                     continue
                 after[pid] = (proc, identity, held, index, attributed)
         self._processes = after

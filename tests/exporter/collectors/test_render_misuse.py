@@ -4,15 +4,11 @@ what it had kept before still serves the next render."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors.render import SnapshotRenderer
 from exporter.collectors.series import GAUGE, Exposer, Family, SeriesCollector
 from exporter.encoding import encode_sections
-from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 
 DECLARED = Family("xpu_test_declared", "Declared.", GAUGE, ("key",))
@@ -32,16 +28,6 @@ class Misuse(SeriesCollector):
         for key in self.keys:
             if (rows := out.block(key, self.value)) is not None:
                 rows.add(UNDECLARED if self.undeclared else DECLARED, (key,), self.value)
-
-
-@pytest.fixture(scope="module")
-def snapshot() -> Iterator[Snapshot]:
-    sim = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5))
-    try:
-        yield sampler.run_once()
-    finally:
-        sampler.stop()
 
 
 def _text(renderer: SnapshotRenderer, snapshot: Snapshot) -> bytes:

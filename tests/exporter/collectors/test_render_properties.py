@@ -7,9 +7,8 @@ blocks kept, rewritten, added and dropped between them."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import (
@@ -25,12 +24,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.collectors.series import COUNTER, GAUGE, INFO, Exposer, Family, SeriesCollector
 from exporter.encoding import go_float
-from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from tests.exporter.collectors.test_render import fast, reference
 
@@ -41,16 +38,6 @@ text_values = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_
 values = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
     [0.0, -0.0, 1.0, 1e22, 123456789.0, 1234567.0, 1e-9, 5e-324, 2.0**53]
 )
-
-
-@pytest.fixture(scope="module")
-def snapshot() -> Iterator[Snapshot]:
-    sim = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5))
-    try:
-        yield sampler.run_once()
-    finally:
-        sampler.stop()
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(min_value=-(2**70), max_value=2**70))

@@ -5,20 +5,17 @@ writes, render after render; and a family whose lines did not change is the last
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.attribution.attributor import Allocation, AttributedProcess, Attribution, Workload
-from exporter.backends.simulated import SimulatedBackend
 from exporter.collectors import Collector
 from exporter.collectors.pod import PodCollector
 from exporter.collectors.process import ProcessCollector
 from exporter.collectors.render import SnapshotRenderer
 from exporter.encoding import Section
-from exporter.sampler import Sampler, SamplerSettings
 from exporter.snapshot import Snapshot
 from tests.exporter.collectors.test_render import fast, reference
 
@@ -86,16 +83,6 @@ def frames(draw: st.DrawFn) -> list[tuple[tuple[AttributedProcess, ...], tuple[A
             allocs = tuple(draw(st.lists(allocations, max_size=4)))
         out.append((tuple(procs), allocs, draw(st.sampled_from((1, 2, 64)))))
     return out
-
-
-@pytest.fixture(scope="module")
-def snapshot() -> Iterator[Snapshot]:
-    sim = SimulatedBackend.from_name("h200x1")
-    sampler = Sampler(sim, SamplerSettings(interval_seconds=5, call_deadline_seconds=5))
-    try:
-        yield sampler.run_once()
-    finally:
-        sampler.stop()
 
 
 def _constant() -> float:
