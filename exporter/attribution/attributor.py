@@ -134,7 +134,8 @@ class Attributor:
         self._rescans = 0  # lookups that missed the log index (a workload found after one is not remembered)
         # The last cycle's work, reused while its inputs are the same objects: kubelet's allocations (the client
         # keeps the tuple while kubelet's answer is unchanged) and the device index; per PID, the process as NVML
-        # listed it, its identity, the holders of its device and the log index it was looked up in.
+        # listed it, its identity, the holders of its device and the log index it was looked up in (updated in
+        # place: the entry of a process listed as before is left as it is, one no card lists is dropped).
         self._last_allocations: tuple[object, dict[str, _Device], tuple[tuple[Allocation, ...], int]] | None = None
         self._last_holders: dict[tuple[str, str], frozenset[Workload]] = {}
         self._processes: dict[int, _Seen] = {}
@@ -169,8 +170,7 @@ class Attributor:
         live: list[int] = []
         self.resolver.begin_cycle()
         resolve = self.resolver.resolve
-        before: dict[int, _Seen] = self._processes
-        after: dict[int, _Seen] = {}
+        seen: dict[int, _Seen] = self._processes  # updated in place: a process as last cycle is not written again
         pod_index = self.pod_index
 
         def index_now() -> tuple[PodLogIndex, int] | None:
@@ -194,7 +194,7 @@ class Attributor:
                 else:
                     gi = str(instance)
                     held = holders.get((uuid, gi), _NO_HOLDERS)
-                last = before.get(pid)
+                last = seen.get(pid)
                 if last is not None and last[1] is identity and last[2] is held and last[3] == index:
                     # identity, card holders and log index as last cycle: the same workload. The last record
                     # itself while NVML lists the process as before, else a new one with the new readings, unless
@@ -215,7 +215,7 @@ class Attributor:
                             )
                         )
                     ):
-                        after[pid] = (proc, identity, held, index, record)
+                        # its entry stays: the GpuProcess kept equals this one in every field compared
                         processes.append(record)
                         continue
                     name = proc.name or (identity.comm if identity else "")
@@ -236,7 +236,7 @@ class Attributor:
                                 record.mps_server,
                             ),
                         )
-                        after[pid] = (proc, identity, held, index, record)
+                        seen[pid] = (proc, identity, held, index, record)
                         processes.append(record)
                         continue
                 rescans = self._rescans
@@ -244,10 +244,13 @@ class Attributor:
                 processes.append(attributed)
                 if rescans != self._rescans:  # looked up after a miss: the next cycle may rescan again
                     index = index_now()  # if it rescanned, the processes after it look again
+                    seen.pop(pid, None)
                     continue
-                after[pid] = (proc, identity, held, index, attributed)
-        self._processes = after
-        self.resolver.retain(live)
+                seen[pid] = (proc, identity, held, index, attributed)
+        on_cards = set(live)
+        for pid in [p for p in seen if p not in on_cards]:  # processes no card lists any more
+            del seen[pid]
+        self.resolver.retain(on_cards)
         result = Attribution(snapshot.seq, tuple(processes), allocations, kubelet_view, unmatched)
         with self._lock:
             self._latest = result

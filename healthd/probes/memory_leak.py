@@ -243,19 +243,20 @@ class MemoryLeakProbe:
         growth = card.growth
         evaluation = self._evaluation
         window_seconds = t.growth_window_seconds
+        stamped = 0  # windows stamped here, added to the card's count once
         for p in processes:
             window = growth.get(p.pid)
             used = p.used_memory_bytes
             if not isinstance(used, int):
                 if window is not None and window.seen != evaluation:  # listed: its window stays
                     window.seen = evaluation
-                    card.stamped += 1
+                    stamped += 1
                 continue
             if window is None:
                 window = growth[p.pid] = GrowthWindow()
             if window.seen != evaluation:
                 window.seen = evaluation
-                card.stamped += 1
+                stamped += 1
             steps = window.add(now, used, window_seconds)
             if not steps:
                 continue  # one run of equal readings: it has not grown (the usual case, checked first)
@@ -280,6 +281,7 @@ class MemoryLeakProbe:
                         evidence(pid=p.pid, grown_bytes=grown, seconds=round(now - first_t)),
                     )
                 )
+        card.stamped += stamped
         return out
 
 
@@ -309,29 +311,54 @@ class GrowthWindow:
         first: 0, one run of equal readings, is the usual case and cannot be growth."""
         values = self._values
         if values and used == values[-1]:  # the usual case: the memory stayed put
+            times = self._times
+            times.append(now)
+            time0 = self._time0
+            if now - times[time0] <= window_seconds:
+                self._counts[-1] += 1
+                return len(values) - self._run0 - 1  # nothing left the window
+            if self._run0 == len(values) - 1 and now - times[time0 + 1] <= window_seconds:
+                # the usual case at steady state (the window full): one run, and the reading that came replaces
+                # the one that left, so the run's count stays; what _leave would do, without its walk
+                time0 += 1
+                if time0 > 64 and time0 * 2 > len(times):
+                    del times[:time0]
+                    del values[: self._run0]
+                    del self._counts[: self._run0]
+                    self._run0 = time0 = 0
+                self._time0 = time0
+                return 0
             self._counts[-1] += 1
-        else:
-            if values and used < values[-1]:
-                self._restart()  # it freed memory: not a steady leak, start over
-                values = self._values
-            values.append(used)
-            self._counts.append(1)
+            return self._leave(now, window_seconds)
+        if values and used < values[-1]:
+            self._restart()  # it freed memory: not a steady leak, start over
+            values = self._values
+        values.append(used)
+        self._counts.append(1)
         times = self._times
         times.append(now)
         if now - times[self._time0] <= window_seconds:
             return len(values) - self._run0 - 1  # nothing left the window
-        counts = self._counts
-        while len(times) - self._time0 > 1 and now - times[self._time0] > window_seconds:
-            self._time0 += 1
-            counts[self._run0] -= 1
-            if not counts[self._run0]:
-                self._run0 += 1
-        if self._time0 > 64 and self._time0 * 2 > len(times):  # cut off what left the window, now and then
-            del times[: self._time0]
-            del values[: self._run0]
-            del counts[: self._run0]
-            self._time0 = self._run0 = 0
-        return len(values) - self._run0 - 1
+        return self._leave(now, window_seconds)
+
+    def _leave(self, now: float, window_seconds: float) -> int:
+        """The readings that left the window with the one at ``now`` go; returns the steps up left in it."""
+        times, values, counts = self._times, self._values, self._counts
+        time0 = self._time0
+        run0 = self._run0
+        newest = len(times) - 1
+        while time0 < newest and now - times[time0] > window_seconds:
+            time0 += 1
+            counts[run0] -= 1
+            if not counts[run0]:
+                run0 += 1
+        if time0 > 64 and time0 * 2 > len(times):  # cut off what left the window, now and then
+            del times[:time0]
+            del values[:run0]
+            del counts[:run0]
+            time0 = run0 = 0
+        self._time0, self._run0 = time0, run0
+        return len(values) - run0 - 1
 
     @property
     def steps(self) -> int:

@@ -71,6 +71,20 @@ class NvLinkProbe:
                 state = self._links.get((key, link.link))
                 if state is None:
                     state = self._links[(key, link.link)] = _LinkState()
+                elif (
+                    link.state is LinkState.UP
+                    and state.seen_up
+                    and link.replay_errors == state.replay
+                    and link.recovery_errors == state.recovery
+                    and link.crc_errors == state.crc
+                    and state.replay_hit is None
+                    and state.recovery_hit is None
+                    and state.crc_hit is None
+                ):
+                    # the usual case: up as before, no counter moved, no increment ever: _link would only stamp it
+                    state.at = now
+                    up += 1
+                    continue
                 found = self._link(ref, link, state, now)
                 if found:
                     findings += found

@@ -165,3 +165,25 @@ def test_a_pid_on_two_cards_gets_each_cards_record_every_cycle(tmp_path: Path, b
         result = attributor.update(_on_cards(base, [_proc(100, sm)], [_proc(100, sm / 2)]))
         cards = [(p.gpu, p.uuid, p.sm_utilization_ratio, p.workload.pod) for p in result.processes]
         assert cards == [(0, base.gpus[0].uuid, sm, "a"), (1, base.gpus[1].uuid, sm / 2, "a")]
+
+
+def test_a_process_no_card_lists_is_forgotten_and_its_pid_reused_later_gets_the_new_owner(
+    tmp_path: Path, base: Snapshot
+) -> None:
+    for pid, pod in ((100, "a"), (200, "b")):
+        _write_proc(tmp_path, pid, pod, "w")
+        _write_logs(tmp_path, pod, "w")
+    _write_logs(tmp_path, "c", "w")
+    attributor = _attributor(tmp_path)
+    both = ([_proc(100, 0.5)], [_proc(200, 0.5)])
+    for _ in range(2):
+        assert {p.pid: p.workload.pod for p in attributor.update(_on_cards(base, *both)).processes} == {
+            100: "a",
+            200: "b",
+        }
+    result = attributor.update(_on_cards(base, [_proc(100, 0.5)]))  # pid 200 exits
+    assert [(p.pid, p.workload.pod) for p in result.processes] == [(100, "a")]
+    assert sorted(attributor._processes) == [100] and attributor.resolver.cached == 1  # kept state is bounded
+    _write_proc(tmp_path, 200, "c", "w", start=2000)  # the kernel hands pid 200 to a process of pod c
+    result = attributor.update(_on_cards(base, *both))
+    assert {p.pid: p.workload.pod for p in result.processes} == {100: "a", 200: "c"}
