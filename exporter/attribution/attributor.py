@@ -24,11 +24,10 @@ from typing import NamedTuple
 from exporter.attribution.cgroup import CgroupOwner
 from exporter.attribution.kubelet import KubeletPodResources, PodResourcesView, split_device_id
 from exporter.attribution.podlogs import PodLogIndex
-from exporter.attribution.resolver import ProcessIdentity, ProcResolver
+from exporter.attribution.resolver import ProcessIdentity, ProcResolver, is_mps_server
 from exporter.backends.types import UNSUPPORTED, GpuProcess
 from exporter.snapshot import GpuSnapshot, Snapshot
 
-MPS_SERVER_NAMES = frozenset({"nvidia-cuda-mps-server"})
 INDEX_RETRY_SECONDS = 30.0  # a container id or pod UID the log index lacks triggers a rescan at most this often
 
 
@@ -266,7 +265,7 @@ class Attributor:
         holders: frozenset[Workload],
     ) -> AttributedProcess:
         name = proc.name or (identity.comm if identity else "")
-        mps = name in MPS_SERVER_NAMES
+        mps = is_mps_server(name)
         workload = _NOBODY
         if identity is not None and not mps:
             workload = self._workload(identity.owner, holders)

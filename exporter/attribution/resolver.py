@@ -22,6 +22,8 @@ from exporter.attribution.cgroup import HOST, CgroupOwner, parse_cgroup_file
 log = structlog.get_logger("attribution")
 
 VERIFY_EVERY_CYCLES = 4  # a known PID's start time is checked every 4th cycle (20 s at the default 5 s interval)
+MPS_SERVER = "nvidia-cuda-mps-server"
+COMM_BYTES = 15  # /proc/<pid>/comm keeps a task's name cut to 15 bytes (the kernel's TASK_COMM_LEN, 16, with a NUL)
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _CHUNK = 4096
 
@@ -81,6 +83,13 @@ class ProcResolver:
     @property
     def cached(self) -> int:
         return len(self._cache)
+
+
+def is_mps_server(name: str) -> bool:
+    """The MPS server, by its name as a backend lists it or as /proc/<pid>/comm keeps it ("nvidia-cuda-mps": the
+    real NVML lists no names, so that is the name a real node sees). The control daemon's comm is the same 15 bytes,
+    but it opens no context on a card, so the driver never lists it as a card's process."""
+    return name == MPS_SERVER or name == MPS_SERVER[:COMM_BYTES]
 
 
 def _read(path: str) -> str:

@@ -16,6 +16,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.attribution.resolver import is_mps_server
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.settings import option
 from exporter.snapshot import GpuSnapshot, Snapshot
@@ -26,7 +27,6 @@ from healthd.probes.common import ReportBuilder, evidence
 CHECK = "memory_leak"
 SECTION = "memory_leak"
 MIB = 2**20
-MPS_SERVER = "nvidia-cuda-mps-server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +161,11 @@ class MemoryLeakProbe:
                 return [], "per-process memory not reported: unowned memory cannot be measured"
             owned += used
             if p.name:
-                mps = mps or p.name == MPS_SERVER
+                mps = mps or is_mps_server(p.name)
             else:
                 nameless = True
         if not mps and nameless and self._proc is not None:
-            mps = any(self._name(p) == MPS_SERVER for p in g.processes if not p.name)
+            mps = any(is_mps_server(self._name(p)) for p in g.processes if not p.name)
         if mps:
             self._orphan_streak.pop(key, None)
             return [], "MPS server running: client memory is not listed per process"

@@ -187,3 +187,17 @@ def test_a_process_no_card_lists_is_forgotten_and_its_pid_reused_later_gets_the_
     _write_proc(tmp_path, 200, "c", "w", start=2000)  # the kernel hands pid 200 to a process of pod c
     result = attributor.update(_on_cards(base, *both))
     assert {p.pid: p.workload.pod for p in result.processes} == {100: "a", 200: "c"}
+
+
+def test_the_mps_server_by_the_name_proc_keeps_is_nobody_s(tmp_path: Path, base: Snapshot) -> None:
+    """The real NVML lists no names, so a real node knows the MPS server by its comm, which the kernel cuts to 15
+    bytes: it is still the server, held by no pod, whichever pod's cgroup it runs in."""
+    _write_proc(tmp_path, 100, "mps", "server")
+    _write_proc(tmp_path, 200, "a", "w")
+    (tmp_path / "proc" / "100" / "comm").write_text("nvidia-cuda-mps\n")
+    for pod, container in (("mps", "server"), ("a", "w")):
+        _write_logs(tmp_path, pod, container)
+    result = _by_pid(_attributor(tmp_path).update(_on_cards(base, [_proc(100, 0.0), _proc(200, 0.5)])))
+    assert (result[100].name, result[100].mps_server) == ("nvidia-cuda-mps", True)
+    assert result[100].workload != Workload(NS, "mps", "server")
+    assert (result[200].mps_server, result[200].workload) == (False, Workload(NS, "a", "w"))

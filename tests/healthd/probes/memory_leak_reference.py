@@ -8,11 +8,12 @@ import os
 from array import array
 from pathlib import Path
 
+from exporter.attribution.resolver import is_mps_server
 from exporter.backends.types import GpuProcess, Unsupported
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import Action, CheckStatus, Finding, GpuRef, ProbeReport, Severity
 from healthd.probes.common import ReportBuilder, evidence
-from healthd.probes.memory_leak import CHECK, MIB, MPS_SERVER, Settings, _mib
+from healthd.probes.memory_leak import CHECK, MIB, Settings, _mib
 
 
 class ReferenceMemoryLeakProbe:
@@ -69,7 +70,7 @@ class ReferenceMemoryLeakProbe:
         if any(isinstance(p.used_memory_bytes, Unsupported) for p in g.processes):
             self._orphan_streak.pop(key, None)
             return [], "per-process memory not reported: unowned memory cannot be measured"
-        if any(self._name(p) == MPS_SERVER for p in g.processes):
+        if any(is_mps_server(self._name(p)) for p in g.processes):
             self._orphan_streak.pop(key, None)
             return [], "MPS server running: client memory is not listed per process"
         owned = sum(p.used_memory_bytes for p in g.processes if isinstance(p.used_memory_bytes, int))

@@ -66,6 +66,20 @@ def test_unowned_memory_under_mps_is_expected(h200x1: Node, tmp_path: Path) -> N
     assert "MPS" in report.results[0].detail
 
 
+def test_unowned_memory_under_mps_is_expected_by_the_name_proc_keeps(h200x1: Node, tmp_path: Path) -> None:
+    # the real NVML lists no names: the server's comes from /proc/<pid>/comm, cut by the kernel to 15 bytes
+    h200x1.inject("process_start", 0, pid=777, name="", memory_mib=66)
+    h200x1.inject("orphan_memory", 0, memory_mib=8192)
+    proc = _proc_for(h200x1, tmp_path)
+    (proc / "777" / "comm").write_text("nvidia-cuda-mps\n")
+    probe = _probe(proc, orphan_samples=1)
+    report = probe.evaluate(h200x1.tick(), h200x1.clock())
+    assert report.findings == ()
+    assert "MPS" in report.results[0].detail
+    (proc / "777" / "comm").write_text("python3\n")  # any other nameless process owns no more than it is listed with
+    assert codes(probe.evaluate(h200x1.tick(), h200x1.clock())) == {"memory_unowned"}
+
+
 def test_listed_process_that_no_longer_exists(h200x8: Node, tmp_path: Path) -> None:
     probe = _probe(_proc_for(h200x8, tmp_path, without=(41003,)), gone_samples=2)
     assert codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == set()  # one sample could be an exit race

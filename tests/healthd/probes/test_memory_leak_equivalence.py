@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter.attribution.resolver import MPS_SERVER
 from exporter.backends.types import UNSUPPORTED, GpuProcess
 from exporter.snapshot import GpuSnapshot, Snapshot
 from healthd.findings import ProbeReport
-from healthd.probes.memory_leak import MIB, MPS_SERVER, MemoryLeakProbe, Settings
+from healthd.probes.memory_leak import MIB, MemoryLeakProbe, Settings
 from tests.healthd.probes.memory_leak_reference import ReferenceMemoryLeakProbe
 from tests.support.clock import FakeClock
 from tests.support.probe_node import Node
