@@ -70,9 +70,6 @@ class ReferenceMemoryLeakProbe:
         if any(isinstance(p.used_memory_bytes, Unsupported) for p in g.processes):
             self._orphan_streak.pop(key, None)
             return [], "per-process memory not reported: unowned memory cannot be measured"
-        if any(is_mps_server(self._name(p)) for p in g.processes):
-            self._orphan_streak.pop(key, None)
-            return [], "MPS server running: client memory is not listed per process"
         owned = sum(p.used_memory_bytes for p in g.processes if isinstance(p.used_memory_bytes, int))
         reserved = g.sample.memory_reserved_bytes
         allowance = t.legacy_reserved_mib * MIB if isinstance(reserved, Unsupported) else 0
@@ -80,6 +77,9 @@ class ReferenceMemoryLeakProbe:
         if orphan < t.orphan_min_mib * MIB:
             self._orphan_streak.pop(key, None)
             return [], f"{_mib(g.sample.memory_used_bytes)} used, {len(g.processes)} process(es) own {_mib(owned)}"
+        if any(is_mps_server(self._name(p)) for p in g.processes):
+            self._orphan_streak.pop(key, None)
+            return [], "MPS server running: client memory is not listed per process"
         streak = self._orphan_streak[key] = self._orphan_streak.get(key, 0) + 1
         if streak < t.orphan_samples:
             return [], (

@@ -80,6 +80,23 @@ def test_unowned_memory_under_mps_is_expected_by_the_name_proc_keeps(h200x1: Nod
     assert codes(probe.evaluate(h200x1.tick(), h200x1.clock())) == {"memory_unowned"}
 
 
+def test_names_are_read_from_proc_only_for_a_card_with_unowned_memory(
+    h200x1: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h200x1.inject("process_start", 0, pid=777, name="", memory_mib=66)
+    proc = _proc_for(h200x1, tmp_path)
+    (proc / "777" / "comm").write_text("nvidia-cuda-mps\n")
+    probe = _probe(proc, orphan_samples=1)
+    read: list[int] = []
+    name = probe._name
+    monkeypatch.setattr(probe, "_name", lambda p: read.append(p.pid) or name(p))
+    probe.evaluate(h200x1.tick(), h200x1.clock())
+    assert read == []  # every byte used is owned: no comm read (a real node lists no names: one read a process)
+    h200x1.inject("orphan_memory", 0, memory_mib=8192)
+    assert "MPS" in probe.evaluate(h200x1.tick(), h200x1.clock()).results[0].detail
+    assert read == [777]
+
+
 def test_listed_process_that_no_longer_exists(h200x8: Node, tmp_path: Path) -> None:
     probe = _probe(_proc_for(h200x8, tmp_path, without=(41003,)), gone_samples=2)
     assert codes(probe.evaluate(h200x8.tick(), h200x8.clock())) == set()  # one sample could be an exit race
