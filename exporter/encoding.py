@@ -75,9 +75,15 @@ def go_float(value: float) -> str:
     if dot < 0:  # inf, nan and exponent forms
         return str(floatToGoString(d))  # type: ignore[no-untyped-call]
     if d > 0 and dot > 6:  # Go switches to an exponent sooner than Python (prometheus_client's own rule)
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
+        return go_exponent(s, dot)
     return s
+
+
+def go_exponent(text: str, dot: int) -> str:
+    """A positive value of 10**6 or more, given as its ``repr`` and the place of the dot in it, as Go prints it
+    (1.23e+12): go_float's exponent case, for a caller that has the repr already."""
+    mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+    return f"{mantissa}e+{dot - 1:02d}"
 
 
 def same_value(a: float, b: float) -> bool:

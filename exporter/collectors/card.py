@@ -160,7 +160,7 @@ NVLINK_COUNTERS = (  # (family, NvLinkSample attribute)
     (Family("xpu_gpu_nvlink_receive_bytes", "Bytes received over the link.", COUNTER, LINK_LABELS), "rx_bytes"),
 )
 _NVLINK_ERRORS = NVLINK_COUNTERS[:3]
-_NVLINK_BYTES = NVLINK_COUNTERS[3:]
+NVLINK_TX, NVLINK_RX = NVLINK_COUNTERS[3][0], NVLINK_COUNTERS[4][0]  # tx_bytes, rx_bytes
 PROCESSES = Family("xpu_gpu_processes", "Compute processes with a context on the card.", labels=LABELS)
 RECOVERY_ACTION_HELP = (
     "Recovery the driver asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, decoded by driver branch): 0 none, "
@@ -257,15 +257,15 @@ def _readings(out: Exposer, gpu: GpuSnapshot, labels: tuple[str, str], s: Device
 def _nvlinks(out: Exposer, key: int, labels: tuple[str, str], links: tuple[NvLinkSample, ...]) -> None:
     """Two blocks: link state and error counters, which seldom change, apart from the byte counters, which change
     every sample on a link in use (each family is in one block only, so its lines keep their order)."""
-    errors = tuple((link.link, link.state, *(getattr(link, a) for _, a in _NVLINK_ERRORS)) for link in links)
+    # the fields _NVLINK_ERRORS reads, named (this is built for every card at every render)
+    errors = tuple([(n.link, n.state, n.crc_errors, n.replay_errors, n.recovery_errors) for n in links])
     if (rows := out.block(("nvlink", key), (labels, errors))) is not None:
         for link in links:
             values = (*labels, str(link.link))
             rows.add(NVLINK_UP, values, 1.0 if link.state is LinkState.UP else 0.0)
             _link_counters(rows, values, link, _NVLINK_ERRORS)
     if (rows := out.block(("nvlink bytes", key), (labels, links))) is not None:
-        for link in links:
-            _link_counters(rows, (*labels, str(link.link)), link, _NVLINK_BYTES)
+        _link_bytes(rows, labels, links)
 
 
 def _link_counters(
@@ -275,6 +275,17 @@ def _link_counters(
         v = _num(getattr(link, attr))
         if v is not None:
             rows.add(family, values, v)
+
+
+def _link_bytes(rows: Rows, labels: tuple[str, str], links: tuple[NvLinkSample, ...]) -> None:
+    """The byte counters of NVLINK_COUNTERS, without _link_counters' getattr and _num: written for every busy card
+    at every render. They are ints or UNSUPPORTED (and _num makes float(v) of an int)."""
+    for link in links:
+        values = (*labels, str(link.link))
+        if (sent := link.tx_bytes) is not UNSUPPORTED:
+            rows.add(NVLINK_TX, values, float(sent))
+        if (received := link.rx_bytes) is not UNSUPPORTED:
+            rows.add(NVLINK_RX, values, float(received))
 
 
 def pcie_rates(gpu: GpuSnapshot) -> tuple[float | None, float | None, str]:

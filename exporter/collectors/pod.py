@@ -66,14 +66,14 @@ def pod_labels(
 
 
 class PodCollector(SeriesCollector):
-    """Three blocks per pod, each kept while unchanged: its containers' SM sums, their memory sums and process
-    counts, and its allocations.
+    """Two blocks per pod, each kept while unchanged: its containers' SM sums; their memory sums and process
+    counts with its allocations.
 
-    The memory and counts block is versioned by the pod's layout: its containers on their cards, kept while each
-    process's container, card, GPU instance and memory (in order) stay as they were; the SM block by that layout
-    and the containers' SM shares; the allocations' by kubelet's answer (the same tuple while it is the same). So
-    a pod costs a grouping step, its SM shares added up and three comparisons; only a changed family of it is
-    written (on a busy node every pod's SM shares move every cycle, while its memory, counts and allocations
+    The memory, counts and allocations block is versioned by the pod's layout (its containers on their cards,
+    kept while each process's container, card, GPU instance and memory, in order, stay as they were) and kubelet's
+    allocations (the same tuple while its answer is the same); the SM block by that layout and the containers' SM
+    shares. So a pod costs a grouping step, its SM shares added up and two comparisons; only a changed block of it
+    is written (on a busy node every pod's SM shares move every cycle, while its memory, counts and allocations
     stay)."""
 
     name = "pod"
@@ -103,9 +103,10 @@ class PodCollector(SeriesCollector):
         allocations = self._allocations(attribution.allocations)
         last, layouts = self._layouts, {}
         for key in sorted(procs.keys() | allocations.keys()):
-            # three blocks: SM use, which moves with the processes; memory and counts, which stay while the
-            # processes' memory and containers do; allocations, which stay while kubelet's answer does (each
-            # family in one of them only, so its lines keep their order)
+            # two blocks: memory, counts and allocations, which stay while the processes' memory and containers
+            # and kubelet's answer do; SM use, which moves with the processes (each family in one of them only,
+            # so its lines keep their order). One block for the three that stay: on a busy node every pod's SM
+            # block is written anew each render, and each block asked for costs a render its own bookkeeping
             mine = procs.get(key)
             processes = tuple(mine) if mine else ()
             held = tuple([(p.workload.container, p.uuid, p.gpu_instance_id, p.used_memory_bytes) for p in processes])
@@ -113,16 +114,15 @@ class PodCollector(SeriesCollector):
             if layout is None or layout.held != held:
                 layout = _Layout(key, held)
             layouts[key] = layout
-            if (rows := out.block(("memory", key), layout)) is not None:
+            allocated = allocations.get(key, ())
+            if (rows := out.block(("memory", key), (layout, allocated))) is not None:
                 _memory(rows, layout)
+                _allocated(rows, allocated)
             shares = _shares(layout, processes)
             if (rows := out.block(key, (layout, shares))) is not None:
                 for (names, values), share in zip(layout.labels, shares, strict=True):
                     if share is not None:
                         rows.add_named(SM, names, values, share)
-            allocated = allocations.get(key, ())
-            if (rows := out.block(("allocated", key), allocated)) is not None:
-                _allocated(rows, allocated)
         self._layouts = layouts
         _kubelet(out, attribution.kubelet, attribution.unmatched_device_ids)
 

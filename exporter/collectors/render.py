@@ -28,7 +28,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import DURATION, SUCCESS, Collector, NoDataError, SnapshotExporter
 from exporter.collectors.series import Family, Rows, SeriesCollector
-from exporter.encoding import MetricLines, Rendered, Section, go_float, series_prefix
+from exporter.encoding import MetricLines, Rendered, Section, go_exponent, go_float, series_prefix
 from exporter.snapshot import Snapshot
 
 log = structlog.get_logger("collectors")
@@ -75,8 +75,10 @@ class _BlockRows:
         elif value != line[1] or (value == 0 and copysign(1.0, value) != copysign(1.0, line[1])):
             text = repr(number := float(value))
             dot = text.find(".")
-            if dot < 0 or (number > 0 and dot > 6):  # inf, nan, exponent forms: go_float's other cases
+            if dot < 0:  # inf, nan, exponent forms: go_float's other cases
                 text = go_float(number)
+            elif number > 0 and dot > 6:  # byte and energy counters: every changed one, so the repr is reused
+                text = go_exponent(text, dot)
             line = (f"{line[0][: line[2]]}{text}\n", value, line[2])
         state[1][values] = line
         state[2].append(line[0])
@@ -92,8 +94,10 @@ class _BlockRows:
         elif value != line[1] or (value == 0 and copysign(1.0, value) != copysign(1.0, line[1])):
             text = repr(number := float(value))
             dot = text.find(".")
-            if dot < 0 or (number > 0 and dot > 6):  # inf, nan, exponent forms: go_float's other cases
+            if dot < 0:  # inf, nan, exponent forms: go_float's other cases
                 text = go_float(number)
+            elif number > 0 and dot > 6:  # byte and energy counters: every changed one, so the repr is reused
+                text = go_exponent(text, dot)
             line = (f"{line[0][: line[2]]}{text}\n", value, line[2])
         state[1][key] = line
         state[2].append(line[0])
