@@ -88,7 +88,7 @@ def _exprs(node: object) -> list[str]:
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    sampler = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    sampler = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0), clock=clock)
     sampler.run_once()
     clock.advance(10)
     snap = sampler.run_once()

@@ -48,7 +48,7 @@ Dcgm48 = functools.partial(DcgmCompatCollector, version="4.8")
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0), clock=clock)
     s.run_once()
     clock.advance(10)
     snap = s.run_once()
@@ -118,7 +118,7 @@ def test_mig_devices_get_instance_labels(snapshot: Snapshot) -> None:
 
 
 def test_stuck_card_has_no_values(sim: SimulatedBackend, clock: FakeClock) -> None:
-    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0), clock=clock)
     s.run_once()
     sim.inject("gpu_lost", 2)
     snap = s.run_once()
@@ -220,7 +220,7 @@ def test_codec_utilization_and_nvlink_total(snapshot: Snapshot) -> None:
 
 
 def test_profiling_absent_before_the_first_interval(sim: SimulatedBackend, clock: FakeClock) -> None:
-    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0), clock=clock)
     first = s.run_once()
     s.stop()
     names = {n for n, _, _ in series(render(first, [Dcgm48("node-a")]))}

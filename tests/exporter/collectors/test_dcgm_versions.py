@@ -70,7 +70,7 @@ BASE_UNITS = {
 
 @pytest.fixture
 def snapshot(sim: SimulatedBackend, clock: FakeClock) -> Snapshot:
-    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=0.2), clock=clock)
+    s = Sampler(sim, SamplerSettings(interval_seconds=1.0, call_deadline_seconds=2.0), clock=clock)
     s.run_once()
     clock.advance(10)
     snap = s.run_once()
