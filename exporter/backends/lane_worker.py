@@ -124,10 +124,17 @@ def _future(known: bool, value: Any, error: BaseException | None) -> Future[Any]
 class Lane:
     """One thread that runs the driver calls of one scope, in order, and knows when it is stuck."""
 
-    def __init__(self, scope: Scope, counters: Counters, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        counters: Counters,
+        monotonic: Callable[[], float],
+        give_way: Callable[[], None] | None = None,
+    ) -> None:
         self.scope = scope
         self._counters = counters
         self._monotonic = monotonic
+        self._give_way = give_way  # called before each call is taken (it may wait a little: see lanes.py)
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)  # the lane's thread waits here for a call
         self._answered = threading.Condition(self._lock)  # callers wait here for their call's answer
@@ -327,22 +334,31 @@ class Lane:
     # -- the lane's thread -----------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        give_way, gave_way = self._give_way, False
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
-                    self._idle = True
+                    self._idle, gave_way = True, False  # a call that comes now gives way afresh
                     try:
                         self._work.wait()
                     finally:
                         self._idle = False
                 if not self._queue:
                     return
-                job = self._queue.popleft()
-                if job.future is not None and not job.future.set_running_or_notify_cancel():
-                    job.done, job.error = True, CancelledError()  # its async waiter's future was cancelled
-                    continue
-                job.started = self._monotonic()
-                self._current = job
+                job = None
+                if give_way is None or gave_way:
+                    gave_way = False
+                    job = self._queue.popleft()
+                    if job.future is not None and not job.future.set_running_or_notify_cancel():
+                        job.done, job.error = True, CancelledError()  # its async waiter's future was cancelled
+                        continue
+                    job.started = self._monotonic()
+                    self._current = job
+            if job is None:
+                assert give_way is not None
+                give_way()  # outside the lock, the call still queued: its wait runs (and runs out) as behind any call
+                gave_way = True
+                continue
             self._counters.call(job.call)
             try:
                 result = job.fn()

@@ -72,10 +72,14 @@ class DeviceAccess:
         deadlines: Deadlines,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        give_way: Callable[[], None] | None = None,
     ) -> None:
+        """``give_way``: called by a card's lane before it takes each call (the daemon's requests in flight,
+        exporter/inflight.py: a 64-card fan-out wakes 64 lanes at once); it must return within a few ms."""
         self.backend = backend
         self.deadlines = deadlines
         self._monotonic = monotonic
+        self._give_way = give_way
         self._counters = Counters()
         self._lanes: dict[Scope, Lane] = {}
         self._lock = threading.Lock()
@@ -90,7 +94,8 @@ class DeviceAccess:
             if lane is None:
                 if self._closed:
                     raise BackendError(f"{scope_name(scope)}: shutting down")
-                lane = self._lanes[scope] = Lane(scope, self._counters, self._monotonic)
+                give_way = self._give_way if isinstance(scope, int) else None  # node and event lanes never wait
+                lane = self._lanes[scope] = Lane(scope, self._counters, self._monotonic, give_way)
             return lane
 
     def submit(
