@@ -20,6 +20,7 @@ import structlog
 from exporter.encoding import Collectable
 from exporter.exposition import ExpositionCache
 from exporter.http_server import BoundedHTTPServer, OneRequestHandler
+from exporter.inflight import RequestsInFlight
 from exporter.webconfig import BasicAuthenticator, WebConfig
 
 log = structlog.get_logger("http")
@@ -162,12 +163,13 @@ class MetricsHTTPServer(BoundedHTTPServer):
         health: Callable[[], Health],
         landing: Callable[[], str] = lambda: LANDING,
         web_config: WebConfig | None = None,
+        requests: RequestsInFlight | None = None,
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self._security = HttpSecurity.from_web_config(web_config)
         try:
-            super().__init__(address, _Handler)
+            super().__init__(address, _Handler, requests)
         except OSError as exc:  # "[Errno 98] Address already in use" alone does not say which address
             shown = f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
             error = BindError(f"cannot listen on {shown}: {exc.strerror or exc}")

@@ -119,7 +119,10 @@ class BoundedHTTPServer(socketserver.TCPServer):
     allow_reuse_address = True
     request_queue_size = 128  # the listen backlog: a burst of connections waits in the kernel, not refused
 
-    def __init__(self, address: tuple[str, int], handler: type[OneRequestHandler]) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[OneRequestHandler], requests: RequestsInFlight | None = None
+    ) -> None:
+        """``requests``: where this server counts what it answers (one the rest of the process gives way to)."""
         # made before TCPServer binds: a failed bind calls server_close(), which closes these too
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -132,7 +135,7 @@ class BoundedHTTPServer(socketserver.TCPServer):
         self._heads: dict[socket.socket, bytes] = {}
         self._waiting: dict[socket.socket, _Connection] = {}  # oldest first: the one to close when over the limit
         self._busy = 0  # connections queued for or being answered by a worker
-        self.requests = RequestsInFlight()
+        self.requests = requests if requests is not None else RequestsInFlight()
         self._lock = threading.Lock()
         self._running = False
         self._threads: list[threading.Thread] = []

@@ -28,6 +28,7 @@ from exporter.backends.lanes import DeviceAccess
 from exporter.backends.protocol import Backend
 from exporter.collectors.base import Collector
 from exporter.health import NodeStatus, stale_after, summarize
+from exporter.inflight import RequestsInFlight
 from exporter.sampler import Sampler, SamplerSettings
 from exporter.supervision import Workers, WorkersCollector
 from healthd.component import Component
@@ -90,7 +91,12 @@ class Node:
         self.runtime_dir = runtime_dir  # the main gRPC socket's directory
         self.clock = clock
         sampling = self.settings(SamplerSettings)
-        self.device = GuardedBackend(DeviceAccess(backend, sampling))  # the only way to the driver
+        # what the metrics server is answering: the daemon's own cycle (card lanes, attribution, probes, the
+        # render) gives way to it, so a scrape does not queue for the GIL behind a whole node's work
+        self.requests = RequestsInFlight()
+        self.device = GuardedBackend(
+            DeviceAccess(backend, sampling, give_way=self.requests.give_way)
+        )  # the only way to the driver
         self.sampler = Sampler(self.device, sampling)
         self.workers = Workers()  # the long-lived threads, supervised (a failure degrades the status)
         # past this age of the last Snapshot the node is down (and the watchdog stops)

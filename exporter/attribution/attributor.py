@@ -123,8 +123,12 @@ class Attributor:
         pod_index: PodLogIndex | None = None,
         kubelet: KubeletPodResources | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        checkpoint: Callable[[], None] = lambda: None,
     ) -> None:
+        """``checkpoint``: called before each card's processes (the daemon's requests in flight, which it may wait
+        for: exporter/inflight.py)."""
         self.resolver = resolver
+        self._checkpoint = checkpoint
         self.pod_index = pod_index
         self.kubelet = kubelet
         self._monotonic = monotonic
@@ -177,10 +181,12 @@ class Attributor:
 
         # the log index the lookups are made in: the same for the whole cycle unless a lookup rescans it
         index = index_now()
+        checkpoint = self._checkpoint
         for gpu in snapshot.gpus:
             info = gpu.info
             if not gpu.fresh or info is None:
                 continue
+            checkpoint()
             card, uuid = gpu.index, info.uuid
             whole = holders.get((uuid, ""), _NO_HOLDERS)
             for proc in gpu.processes:

@@ -5,7 +5,7 @@ who holds each device) for the partition owner checks, whatever the metrics sett
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -40,13 +40,22 @@ class AttributionSettings:
 class AttributionComponent(ComponentBase):
     name = "attribution"
 
-    def __init__(self, settings: AttributionSettings, host: HostView, sampler: Sampler) -> None:
+    def __init__(
+        self,
+        settings: AttributionSettings,
+        host: HostView,
+        sampler: Sampler,
+        give_way: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
         self.enabled = settings.process_metrics or settings.pod_metrics
         # the pod-resources client serves the partition owners' checks too, whatever the metrics settings say
         self.kubelet = KubeletPodResources(host.kubelet_socket, refresh_interval=settings.refresh_interval_seconds)
         self.attributor = Attributor(
-            ProcResolver(host.proc_root), pod_index=PodLogIndex(host.pod_logs_root), kubelet=self.kubelet
+            ProcResolver(host.proc_root),
+            pod_index=PodLogIndex(host.pod_logs_root),
+            kubelet=self.kubelet,
+            checkpoint=give_way,
         )
         if self.enabled:
             sampler.subscribe(self.attributor.update, "attribution")
@@ -68,6 +77,8 @@ class AttributionComponent(ComponentBase):
 
 
 def build(node: Node) -> AttributionComponent:
-    component = AttributionComponent(node.settings(AttributionSettings), node.host, node.sampler)
+    component = AttributionComponent(
+        node.settings(AttributionSettings), node.host, node.sampler, give_way=node.requests.give_way
+    )
     node.answer(pods=component.kubelet, attribution=component.attributor.latest)
     return component

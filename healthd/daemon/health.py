@@ -58,6 +58,7 @@ class FindingSources:
     host: HostView
     workers: Workers | None = None  # the node's supervised threads (the XID watcher's run under it)
     state_dir: Path | None = None  # where the kernel-log reader keeps its position (None: not kept)
+    give_way: Callable[[], None] = lambda: None  # called before each probe (the requests in flight: inflight.py)
 
 
 class HealthComponent(ComponentBase):
@@ -100,7 +101,7 @@ class HealthComponent(ComponentBase):
         self.xid: XidWatcher | None = None
         if sources is not None:
             s = sources
-            self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine)
+            self.probes = ProbeRunner(default_probes(s.health, s.host.probes), self.engine, checkpoint=s.give_way)
             s.sampler.subscribe(self.probes.on_snapshot, "probes")
             cursor = KmsgCursor(s.state_dir / CURSOR_FILE, self.engine.boot_id) if s.state_dir is not None else None
             self.xid = build_watcher(
@@ -177,7 +178,13 @@ class HealthComponent(ComponentBase):
 
 def build(node: Node) -> HealthComponent:
     sources = FindingSources(
-        node.settings(HealthSettings), node.device, node.sampler, node.host, node.workers, node.state_dir
+        node.settings(HealthSettings),
+        node.device,
+        node.sampler,
+        node.host,
+        node.workers,
+        node.state_dir,
+        give_way=node.requests.give_way,
     )
     journal = Journal(node.state_dir / JOURNAL_FILE)
     hook = node.settings(HookSettings)

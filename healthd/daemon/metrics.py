@@ -13,6 +13,7 @@ from exporter.collectors.render import SnapshotRenderer
 from exporter.executor import in_daemon_thread
 from exporter.exposition import PROMETHEUS_FORMATS, ExpositionCache
 from exporter.http import Health, MetricsHTTPServer, parse_listen_address
+from exporter.inflight import RequestsInFlight
 from exporter.sampler import SamplerSettings
 from exporter.snapshot import Snapshot
 from exporter.version import VERSION
@@ -45,7 +46,9 @@ class MetricsEndpoint(ComponentBase):
         web_config: WebConfig | None,
         interval_seconds: float,
         max_age_seconds: float,
+        requests: RequestsInFlight | None = None,
     ) -> None:
+        """``requests``: where the server counts what it answers (the node's: its cycle gives way to them)."""
         self.listen = listen
         self._latest = latest
         self.renderer = SnapshotRenderer(collectors)
@@ -54,7 +57,12 @@ class MetricsEndpoint(ComponentBase):
             self.renderer, interval=interval_seconds, max_age=max_age_seconds, expect=PROMETHEUS_FORMATS
         )
         self.http = MetricsHTTPServer(
-            parse_listen_address(listen), self.exposition, health=health, landing=landing, web_config=web_config
+            parse_listen_address(listen),
+            self.exposition,
+            health=health,
+            landing=landing,
+            web_config=web_config,
+            requests=requests,
         )
 
     async def start(self) -> None:
@@ -113,6 +121,7 @@ def build(node: Node) -> MetricsEndpoint:
         max_age_seconds=max(
             2 * sampling.interval_seconds, sampling.interval_seconds + 2 * sampling.call_deadline_seconds
         ),
+        requests=node.requests,
     )
     node.sampler.subscribe(publisher(endpoint.exposition, malloc_trimmer()), "exposition")
     return endpoint

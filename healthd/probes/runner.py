@@ -37,7 +37,10 @@ class ProbeRunner:
         sink: FindingSink,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.perf_counter,
+        checkpoint: Callable[[], None] = lambda: None,
     ) -> None:
+        """``checkpoint``: called before each probe (the daemon's requests in flight, which it may wait for:
+        exporter/inflight.py)."""
         names = [p.name for p in probes]
         if len(set(names)) != len(names):
             raise ValueError(f"probe names must be unique, got {names}")
@@ -45,6 +48,7 @@ class ProbeRunner:
         self._sink = sink
         self._clock = clock
         self._monotonic = monotonic
+        self._checkpoint = checkpoint
         self.evaluations = 0
         self.failures: Counter[str] = Counter()  # probe name -> evaluations that raised
         self.last_seconds: dict[str, float] = {}  # probe name -> duration of its last evaluation
@@ -54,6 +58,7 @@ class ProbeRunner:
         now = self._clock()
         reports = []
         for probe in self.probes:
+            self._checkpoint()
             started = self._monotonic()
             try:
                 report = probe.evaluate(snapshot, now)

@@ -5,15 +5,19 @@ components before them offer, and the node's questions are answered by the compo
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from exporter import inflight
 from exporter.backends.simulated import SimulatedBackend
+from healthd.attribution.component import AttributionComponent
 from healthd.component import Component
 from healthd.daemon.daemon import COMPONENTS, Daemon, build_components
+from healthd.daemon.health import HealthComponent
 from healthd.daemon.metrics import MetricsEndpoint
 from healthd.daemon.rpc import RpcEndpoints
 from healthd.node import Builder, Node
@@ -129,3 +133,43 @@ def test_the_daemon_is_the_list(tmp_path: Path) -> None:
     daemon = Daemon(config, allow_fallback=False)
     assert [type(c).__module__ for c in daemon.components] == [b.__module__ for b in COMPONENTS]
     _close(daemon.node)
+
+
+def test_the_cycle_gives_way_to_the_requests_the_metrics_server_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One count of requests in flight for the node: the metrics server counts into it, and a card's lane, the
+    probes and attribution wait on it (tests/exporter/test_background_gives_way.py has each one's rules)."""
+    monkeypatch.setattr(inflight, "BACKGROUND_WAIT_SECONDS", 3600.0)
+    node = _node(tmp_path)
+    build_components(node)
+    try:
+        metrics = node.built(MetricsEndpoint)
+        health = node.built(HealthComponent)
+        attribution = node.built(AttributionComponent)
+        assert metrics is not None and health is not None and health.probes is not None and attribution is not None
+        assert metrics.http.requests is node.requests
+        probes, attributor = health.probes, attribution.attributor
+        snapshot = node.sampler.run_once()
+        done: list[str] = []
+        node.requests.begin()
+        work = [
+            threading.Thread(
+                target=lambda: done.append(str(node.device.access.submit(0, "x", lambda: 1, 60).result()))
+            ),
+            threading.Thread(target=lambda: done.append(str(len(probes.on_snapshot(snapshot)) > 0))),
+            threading.Thread(target=lambda: done.append(str(attributor.update(snapshot).seq))),
+        ]
+        for thread in work:
+            thread.start()
+        for thread in work:
+            thread.join(0.5)
+        held = list(done)
+        node.requests.end()
+        for thread in work:
+            thread.join(30)
+        assert held == [], "nothing ran while the request was in flight"
+        assert sorted(done) == sorted(["1", "True", str(snapshot.seq)])
+    finally:
+        _close(node)
+        node.device.access.shutdown(1.0)
