@@ -295,3 +295,13 @@ def test_scrape_bench_splits_a_body_by_what_each_series_describes() -> None:
     assert c.bytes["card"] == len("# HELP xpu_gpu_up Up.\n# TYPE xpu_gpu_up gauge\n") + len(
         'xpu_gpu_up{gpu="0",uuid="GPU-a"} 1.0\n'
     ) + len('xpu_health_check_status{check="x",gpu="",status="ok",uuid=""} 1.0\n')
+
+
+def test_cycle_latency_places_each_probe_at_its_phase_after_card_0s_sample() -> None:
+    from bench.cycle_latency_bench import Probes, phase
+
+    probes = Probes("this", card0_sampled=1000.0, interval=5.0)
+    assert phase(probes, 1000.3) == pytest.approx(0.3)
+    assert phase(probes, 999.95) == pytest.approx(-0.05)  # the fan-out just before the sample
+    assert phase(probes, 1004.5) == pytest.approx(-0.5)  # the next cycle's, half a second before its sample
+    assert phase(probes, 1010.2) == pytest.approx(0.2)  # cycles later, the same phase
