@@ -95,7 +95,7 @@ class Node:
         # render) gives way to it, so a scrape does not queue for the GIL behind a whole node's work
         self.requests = RequestsInFlight()
         self.device = GuardedBackend(
-            DeviceAccess(backend, sampling, give_way=self.requests.give_way)
+            DeviceAccess(backend, sampling, give_way=self.requests)
         )  # the only way to the driver
         self.sampler = Sampler(self.device, sampling)
         self.workers = Workers()  # the long-lived threads, supervised (a failure degrades the status)

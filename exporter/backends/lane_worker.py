@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -121,6 +121,15 @@ def _future(known: bool, value: Any, error: BaseException | None) -> Future[Any]
     return future
 
 
+class GiveWay(Protocol):
+    """What a lane steps aside for before it takes a call (the daemon's requests in flight, exporter/inflight.py)."""
+
+    @property
+    def busy(self) -> bool: ...  # an attribute read: asked before every call
+
+    def give_way(self) -> None: ...  # called while busy: waits a little, without the GIL, and returns
+
+
 class Lane:
     """One thread that runs the driver calls of one scope, in order, and knows when it is stuck."""
 
@@ -129,7 +138,7 @@ class Lane:
         scope: Scope,
         counters: Counters,
         monotonic: Callable[[], float],
-        give_way: Callable[[], None] | None = None,
+        give_way: GiveWay | None = None,
     ) -> None:
         self.scope = scope
         self._counters = counters
@@ -346,7 +355,7 @@ class Lane:
                 if not self._queue:
                     return
                 job = None
-                if give_way is None or gave_way:
+                if give_way is None or gave_way or not give_way.busy:
                     gave_way = False
                     job = self._queue.popleft()
                     if job.future is not None and not job.future.set_running_or_notify_cancel():
@@ -356,7 +365,7 @@ class Lane:
                     self._current = job
             if job is None:
                 assert give_way is not None
-                give_way()  # outside the lock, the call still queued: its wait runs (and runs out) as behind any call
+                give_way.give_way()  # outside the lock, the call still queued: its wait runs out as behind any call
                 gave_way = True
                 continue
             self._counters.call(job.call)
@@ -390,4 +399,4 @@ class Lane:
             )
 
 
-__all__ = ["CallTimeoutError", "CardHungError", "HungCall", "Job", "Lane", "Scope", "scope_name"]
+__all__ = ["CallTimeoutError", "CardHungError", "GiveWay", "HungCall", "Job", "Lane", "Scope", "scope_name"]

@@ -35,6 +35,7 @@ from exporter.backends.errors import BackendError
 from exporter.backends.lane_worker import (  # the errors, HungCall, Scope and scope_name: public here, as before
     CallTimeoutError,
     CardHungError,
+    GiveWay,
     HungCall,
     Job,
     Lane,
@@ -72,10 +73,11 @@ class DeviceAccess:
         deadlines: Deadlines,
         *,
         monotonic: Callable[[], float] = time.monotonic,
-        give_way: Callable[[], None] | None = None,
+        give_way: GiveWay | None = None,
     ) -> None:
-        """``give_way``: called by a card's lane before it takes each call (the daemon's requests in flight,
-        exporter/inflight.py: a 64-card fan-out wakes 64 lanes at once); it must return within a few ms."""
+        """``give_way``: what a card's lane steps aside for before it takes each call while it is busy (the daemon's
+        requests in flight, exporter/inflight.py: a 64-card fan-out wakes 64 lanes at once); its wait must be
+        bounded to a few ms."""
         self.backend = backend
         self.deadlines = deadlines
         self._monotonic = monotonic

@@ -50,7 +50,7 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> Watched:
 
 @pytest.fixture
 def access(sim: SimulatedBackend, requests: Watched) -> Iterator[DeviceAccess]:
-    device = DeviceAccess(sim, SETTINGS, give_way=requests.give_way)
+    device = DeviceAccess(sim, SETTINGS, give_way=requests)
     yield device
     if requests.busy:
         requests.end()
