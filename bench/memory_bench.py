@@ -86,12 +86,21 @@ def area(filename: str) -> str:
     return "standard library and dependencies"
 
 
-def scrape_for(port: int, seconds: float) -> None:
-    end = time.monotonic() + seconds
+def scrape_for(port: int, seconds: float, pid: int) -> list[float]:
+    """Scrape every 15 s for ``seconds``; returns the daemon's RSS (KiB) read every 5 s over the second half (it
+    moves by a few MiB with the render cycle, so one reading at the end is one point of that)."""
+    started = time.monotonic()
+    end, next_scrape = started + seconds, started + 15.0
+    rss: list[float] = []
     while (left := end - time.monotonic()) > 0:
-        time.sleep(min(15.0, left))
-        with contextlib.suppress(OSError):  # one missed scrape changes nothing here
-            http_get(port, "/metrics", PROMETHEUS_HEADERS)
+        time.sleep(min(5.0, left))
+        if time.monotonic() >= next_scrape:
+            next_scrape += 15.0
+            with contextlib.suppress(OSError):  # one missed scrape changes nothing here
+                http_get(port, "/metrics", PROMETHEUS_HEADERS)
+        if time.monotonic() - started >= seconds / 2:
+            rss.append(proc_status_kib(pid, "VmRSS"))
+    return rss
 
 
 def daemon_args(scenario: str, root: Path, port: int) -> list[str]:
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         traced = subprocess.Popen([sys.executable, "-c", TRACER, str(out), str(args.seconds), *traced_args],
                                   cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            scrape_for(plain_port, args.seconds)
+            second_half = scrape_for(plain_port, args.seconds, plain.pid)
             split = smaps_split(plain.pid)
             rss, threads = proc_status_kib(plain.pid, "VmRSS"), proc_status_kib(plain.pid, "Threads")
             traced.wait(60)
@@ -130,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"== memory of the daemon on {scenario} after {args.seconds:.0f} s: RSS {rss / 1024:.1f} MiB, {threads} threads"
     )
+    if second_half:
+        mean, top = sum(second_half) / len(second_half) / 1024, max(second_half) / 1024
+        print(
+            f"  RSS over the second half, every 5 s: mean {mean:.1f} MiB, max {top:.1f} MiB ({len(second_half)} reads)"
+        )
     for kind, kib in sorted(split.items(), key=lambda kv: -kv[1]):
         print(f"  {kib / 1024:8.1f} MiB  {kind}")
     by_area: collections.Counter[str] = collections.Counter()
