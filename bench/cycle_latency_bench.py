@@ -7,13 +7,14 @@ phase falls in that stretch meets it at every scrape. This bench shows the stret
 (``python3 -m healthd --simulate``, no config file: 5 s interval), scraped with Prometheus' headers every 15 s
 from the moment it is healthy, and probed on ``/healthz`` over a kept-alive connection every 5-20 ms (random
 gaps, so every phase of the cycle is met). Each probe's latency is placed at its phase in the cycle: seconds after
-card 0's last sample (``xpu_gpu_last_sample_timestamp_seconds``, read at the end), which is when the fan-out's
-first round has answered. With ``--baseline DIR`` the two trees take turns (``--rounds`` each, one daemon running
-at a time), so both meet the same machine.
+card 0's last sample (``xpu_gpu_last_sample_timestamp_seconds``, read at the end), which is stamped once all of
+the fan-out's rounds have answered. With ``--baseline DIR`` the two trees take turns (``--rounds`` each, one
+daemon running at a time), so both meet the same machine.
 
     python3 bench/cycle_latency_bench.py [--node h200x64-busy] [--seconds 60] [--baseline DIR] [--rounds 2]
 
-Printed: p50, p99, max and the share of probes over 5 ms per tree, and the slow probes by 100 ms of phase.
+Printed per tree: p50, p99, max, the share of probes over 5 ms, the daemon's CPU share over the probing, the
+slowest scrape; then the slow probes by 100 ms of phase.
 Nothing is asserted.
 """
 
